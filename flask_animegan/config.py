@@ -1,0 +1,154 @@
+"""Every configuration key the extension reads, with its default and meaning.
+
+This is the one place config names live. ``init_app`` copies the defaults into
+``app.config`` with ``setdefault``; the example app and ``gunicorn.conf.py`` read
+the same names from the environment through :func:`from_environ`. The README's
+configuration table is generated from (and tested against) :data:`SETTINGS`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    meaning: str
+    kind: type = str
+
+
+def _available_cpus() -> int:
+    """CPUs this process may run on (honours taskset/cgroup affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("ANIMEGAN_MODELS_DIR", "models",
+            "Folder holding style weights (`NAME.pt`); relative paths are resolved "
+            "against the app's root path.", str),
+    Setting("ANIMEGAN_DEFAULT_STYLE", None,
+            "Style used when a request names none; unset picks `paprika` if installed, "
+            "else the first installed style in alphabetical order.", str),
+    Setting("ANIMEGAN_URL_PREFIX", "/animegan", "URL prefix of the blueprint.", str),
+    Setting("ANIMEGAN_MAX_SIDE", 512,
+            "Largest allowed long side of the output, in pixels; also the default size.", int),
+    Setting("ANIMEGAN_MAX_UPLOAD_BYTES", 16 * 1024 * 1024,
+            "Largest accepted request body; larger bodies get 413 before they are read.", int),
+    Setting("ANIMEGAN_MAX_PIXELS", 40_000_000,
+            "Largest accepted image area (width x height) read from the file header, "
+            "checked before decoding; guards against decompression bombs.", int),
+    Setting("ANIMEGAN_RATE_LIMIT", "5 per minute",
+            "flask-limiter limit for the upload and convert routes, per client address; "
+            "empty disables it.", str),
+    Setting("ANIMEGAN_RATELIMIT_STORAGE_URI", "memory://",
+            "flask-limiter storage; `memory://` counts per process, use `redis://...` to "
+            "share counts between workers and hosts.", str),
+    Setting("ANIMEGAN_CACHE_TTL", 3600,
+            "Seconds a cached result (and a result page) lives; 0 disables the cache.", int),
+    Setting("ANIMEGAN_CACHE_MAX_BYTES", 64 * 1024 * 1024,
+            "Byte budget of the result cache (least recently used results are evicted).", int),
+    Setting("ANIMEGAN_PHASH_SIZE", 16,
+            "`hash_size` of `imagehash.phash` used as the cache key (16 gives 256 bits).", int),
+    Setting("ANIMEGAN_PHASH_MAX_DISTANCE", 6,
+            "Largest Hamming distance between two perceptual hashes that may share a "
+            "result (the colour-thumbnail check must pass too).", int),
+    Setting("ANIMEGAN_COLOR_TOLERANCE", 6.0,
+            "Largest mean absolute difference (0-255) between the 16x16 colour "
+            "thumbnails of two inputs that may share a result.", float),
+    Setting("ANIMEGAN_RESULT_TTL", 3600,
+            "Seconds the result page of a form upload (and its images) stays available.", int),
+    Setting("ANIMEGAN_RESULT_MAX_BYTES", 64 * 1024 * 1024,
+            "Byte budget of the stored result pages (oldest unused evicted first).", int),
+    Setting("ANIMEGAN_TORCH_THREADS", None,
+            "torch intra-op threads; unset uses the CPUs this process may run on "
+            "(`os.sched_getaffinity`).", int),
+    Setting("ANIMEGAN_MAX_QUEUE", 4,
+            "Conversions allowed to wait while one runs; more get 503 with Retry-After.", int),
+    Setting("ANIMEGAN_QUEUE_TIMEOUT", 60.0,
+            "Seconds a queued conversion waits for the model before giving up with 503.", float),
+    Setting("ANIMEGAN_OUTPUT_FORMAT", "jpeg", "Default output format: jpeg, png or webp.", str),
+    Setting("ANIMEGAN_JPEG_QUALITY", 90, "JPEG and WebP quality of the output.", int),
+    Setting("ANIMEGAN_MAX_LOADED_STYLES", 3,
+            "How many styles stay loaded in memory (LRU); the default style always does.", int),
+    Setting("ANIMEGAN_WARMUP_SIZE", 256,
+            "Side of the square image used for the warm-up inference at startup; 0 skips it.",
+            int),
+    Setting("ANIMEGAN_WEIGHTS_BASE_URL", None,
+            "Mirror to download official styles from instead of GitHub "
+            "(`{base}/{name}.pt`); the pinned hashes still apply.", str),
+    Setting("ANIMEGAN_EXTRA_STYLES", {},
+            "Extra pullable styles: a mapping of name to a dict with `url`, `sha1` "
+            "(git blob SHA-1) and optionally `licence`, `description`, `face`.", dict),
+    Setting("ANIMEGAN_BASE_TEMPLATE", "animegan/base.html",
+            "Template the pages extend; point it at your site's layout (it must "
+            "define the `animegan_content` block).", str),
+)
+
+DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
+OUTPUT_FORMATS = ("jpeg", "png", "webp")
+
+
+def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Return the ANIMEGAN_* settings present in ``environ``, converted to their types."""
+    environ = os.environ if environ is None else environ
+    found: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = environ.get(setting.name)
+        if raw is None or setting.kind is dict:
+            continue
+        if raw == "" and setting.kind is not str:
+            found[setting.name] = None  # an empty variable means "use the automatic choice"
+            continue
+        try:
+            found[setting.name] = setting.kind(raw)
+        except ValueError:
+            raise ValueError(
+                f"environment variable {setting.name}={raw!r} is not a valid "
+                f"{setting.kind.__name__}; unset it or give e.g. {setting.default!r}"
+            ) from None
+    return found
+
+
+def torch_threads(config: Mapping[str, Any]) -> int:
+    """The intra-op thread count to use: the configured value, else the usable CPUs."""
+    value = config.get("ANIMEGAN_TORCH_THREADS")
+    return int(value) if value else _available_cpus()
+
+
+def validate(config: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the key and the fix for any unusable setting."""
+    def positive(name: str, allow_zero: bool = False) -> None:
+        value = config[name]
+        if not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+            raise ValueError(
+                f"{name}={value!r} must be a {'non-negative' if allow_zero else 'positive'} "
+                f"number; the default is {DEFAULTS[name]!r}"
+            )
+
+    for name in ("ANIMEGAN_MAX_SIDE", "ANIMEGAN_MAX_UPLOAD_BYTES", "ANIMEGAN_MAX_PIXELS",
+                 "ANIMEGAN_PHASH_SIZE", "ANIMEGAN_MAX_LOADED_STYLES", "ANIMEGAN_QUEUE_TIMEOUT",
+                 "ANIMEGAN_RESULT_TTL", "ANIMEGAN_RESULT_MAX_BYTES"):
+        positive(name)
+    for name in ("ANIMEGAN_CACHE_TTL", "ANIMEGAN_CACHE_MAX_BYTES", "ANIMEGAN_PHASH_MAX_DISTANCE",
+                 "ANIMEGAN_COLOR_TOLERANCE", "ANIMEGAN_MAX_QUEUE", "ANIMEGAN_WARMUP_SIZE"):
+        positive(name, allow_zero=True)
+    if config["ANIMEGAN_MAX_SIDE"] < 16:
+        raise ValueError("ANIMEGAN_MAX_SIDE must be at least 16 pixels")
+    if config["ANIMEGAN_OUTPUT_FORMAT"] not in OUTPUT_FORMATS:
+        raise ValueError(
+            f"ANIMEGAN_OUTPUT_FORMAT={config['ANIMEGAN_OUTPUT_FORMAT']!r} is not one of "
+            f"{', '.join(OUTPUT_FORMATS)}"
+        )
+    if not str(config["ANIMEGAN_URL_PREFIX"]).startswith("/"):
+        raise ValueError("ANIMEGAN_URL_PREFIX must start with '/', e.g. '/animegan'")
+    threads = config.get("ANIMEGAN_TORCH_THREADS")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"ANIMEGAN_TORCH_THREADS={threads!r} must be a positive integer or unset")

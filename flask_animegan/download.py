@@ -1,0 +1,80 @@
+"""Downloading official styles: pinned by hash, moved into place atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from .catalog import KnownStyle
+from .weights import file_git_blob_sha1
+
+CHUNK = 64 * 1024
+
+
+class DownloadError(Exception):
+    """The download failed or did not match its pin; nothing was installed."""
+
+
+def pull_style(style: KnownStyle, models_dir: Path, *, base_url: str | None = None,
+               on_start: Callable[[int | None], None] = lambda total: None,
+               on_chunk: Callable[[int], None] = lambda n: None,
+               timeout: float = 30.0) -> Path:
+    """Download ``style`` into ``models_dir`` and return the installed path.
+
+    The file is written to a temporary file in ``models_dir``, its git blob SHA-1
+    is checked against the pin, and only then is it renamed into place, so a
+    failed or tampered download never leaves a file behind.
+    """
+    url = style.download_url(base_url)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    target = models_dir / f"{style.name}.pt"
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{style.name}.", suffix=".part", dir=models_dir)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            received = 0
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    length = response.headers.get("Content-Length")
+                    total = int(length) if length and length.isdigit() else None
+                    on_start(total)
+                    while chunk := response.read(CHUNK):
+                        out.write(chunk)
+                        received += len(chunk)
+                        on_chunk(len(chunk))
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                reason = getattr(exc, "reason", exc)
+                raise DownloadError(f"could not download {url}: {reason}; check the network "
+                                    "or set ANIMEGAN_WEIGHTS_BASE_URL to a mirror") from exc
+            if total is not None and received != total:
+                raise DownloadError(f"download of {url} was truncated: got {received} of "
+                                    f"{total} bytes; run the command again")
+            out.flush()
+            os.fsync(out.fileno())
+        digest = file_git_blob_sha1(tmp)
+        if digest != style.sha1:
+            raise DownloadError(
+                f"{url} does not match the pinned hash for {style.name!r}: expected "
+                f"{style.sha1}, got {digest}; the file was discarded. If you use a mirror, "
+                "make sure it serves the original file unchanged"
+            )
+        os.replace(tmp, target)
+        _fsync_dir(models_dir)
+        return target
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,226 @@
+"""The inference engine: styles on disk, loaded models, one inference at a time, a bounded queue.
+
+Torch already spreads one inference over every intra-op thread, so running two at
+once on the same cores only adds contention. The engine therefore serialises
+inference per process and lets at most ``max_queue`` requests wait; the rest are
+turned away at once with a Retry-After estimate instead of piling up threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from cachetools import LRUCache
+from PIL import Image
+from torch import nn
+
+from . import imaging
+from .catalog import STYLE_NAME, KnownStyle
+from .errors import Overloaded, StyleUnavailable, UnknownStyle
+from .weights import WeightsError, find_style_files, load_generator
+
+#: Smallest side the network accepts; smaller inputs are edge-padded, then cropped back.
+MIN_SIDE = 16
+PREFERRED_DEFAULT = "paprika"
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def configure_torch_threads(threads: int) -> None:
+    """Cap torch's intra-op threads to ``threads`` and inter-op threads to 1."""
+    torch.set_num_threads(threads)
+    with contextlib.suppress(RuntimeError):  # only settable before inter-op work starts
+        torch.set_num_interop_threads(1)
+
+
+@dataclass(frozen=True)
+class Style:
+    name: str
+    path: Path
+    face: bool
+    licence: str
+    description: str
+
+
+class InferenceEngine:
+    """Loads styles from ``models_dir`` and runs them, one inference at a time."""
+
+    def __init__(self, models_dir: Path, *, catalog: dict[str, KnownStyle],
+                 default_style: str | None = None, max_loaded: int = 3, max_queue: int = 4,
+                 queue_timeout: float = 60.0) -> None:
+        self.models_dir = models_dir
+        self.catalog = catalog
+        self.max_queue = max_queue
+        self.queue_timeout = queue_timeout
+        self._requested_default = default_style
+        self._styles: dict[str, Style] = {}
+        self._models: LRUCache = LRUCache(maxsize=max_loaded)
+        self._default_model: nn.Module | None = None
+        self._broken: dict[str, tuple[str, float | None]] = {}  # name -> (error, file mtime)
+        self._load_lock = threading.Lock()
+        self._run_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._pending = 0
+        self._seconds_per_inference = 1.0
+        self.rescan()
+
+    # -- styles -----------------------------------------------------------------
+    def rescan(self) -> None:
+        """Pick up weights files added to (or removed from) the models folder."""
+        styles = {}
+        for name, path in find_style_files(self.models_dir).items():
+            known = self.catalog.get(name)
+            styles[name] = Style(
+                name, path, face=bool(known and known.face),
+                licence=known.licence if known else "unknown (a file you installed)",
+                description=known.description if known else "",
+            )
+        self._styles = styles
+
+    @property
+    def styles(self) -> dict[str, Style]:
+        return dict(self._styles)
+
+    @property
+    def default_style(self) -> str | None:
+        if self._requested_default:
+            return self._requested_default
+        if PREFERRED_DEFAULT in self._styles:
+            return PREFERRED_DEFAULT
+        return next(iter(sorted(self._styles)), None)
+
+    def style(self, name: str | None) -> Style:
+        """The installed style ``name`` (None: the default), or UnknownStyle/StyleUnavailable."""
+        if name is None:
+            name = self.default_style
+            if name is None:
+                raise StyleUnavailable(
+                    "no style is installed; run `flask animegan pull paprika` (or put a "
+                    f"NAME.pt file into {self.models_dir}) and restart the server")
+        if not STYLE_NAME.match(name):
+            raise UnknownStyle(f"{name!r} is not a valid style name")
+        if name not in self._styles:
+            self.rescan()
+        if name not in self._styles:
+            hint = (f"; it is an official style: run `flask animegan pull {name}`"
+                    if name in self.catalog else "")
+            raise UnknownStyle(f"style {name!r} is not installed{hint}. "
+                               f"Installed: {', '.join(sorted(self._styles)) or 'none'}")
+        return self._styles[name]
+
+    def model(self, name: str | None = None) -> nn.Module:
+        """The loaded network for a style, loading it on first use (LRU-bounded)."""
+        style = self.style(name)
+        if style.name == self.default_style and self._default_model is not None:
+            return self._default_model
+        with self._load_lock:
+            model = self._models.get(style.name)
+            if model is None:
+                # a file that failed to load is retried only once it has changed
+                failed = self._broken.get(style.name)
+                if failed and failed[1] == _mtime(style.path):
+                    raise StyleUnavailable(f"style {style.name!r} cannot be loaded: {failed[0]}")
+                try:
+                    model = load_generator(style.path)
+                except WeightsError as exc:
+                    self._broken[style.name] = (str(exc), _mtime(style.path))
+                    raise StyleUnavailable(f"style {style.name!r} cannot be loaded: {exc}") from exc
+                self._broken.pop(style.name, None)
+                if style.name == self.default_style:
+                    self._default_model = model  # pinned: never evicted
+                else:
+                    self._models[style.name] = model
+            return model
+
+    def load_default(self) -> nn.Module | None:
+        """Load the default style now (at startup); None if no style is usable."""
+        try:
+            return self.model(None)
+        except (StyleUnavailable, UnknownStyle):
+            return None
+
+    # -- running -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        """Hold the model for one inference; 503 when the queue is full or the wait too long."""
+        with self._state_lock:
+            if self._pending >= 1 + self.max_queue:
+                raise Overloaded("the server is busy converting other photos; try again in "
+                                 f"{self.retry_after()} s", self.retry_after())
+            self._pending += 1
+        try:
+            if not self._run_lock.acquire(timeout=self.queue_timeout):
+                raise Overloaded("timed out waiting for a free converter; try again in "
+                                 f"{self.retry_after()} s", self.retry_after())
+            try:
+                yield
+            finally:
+                self._run_lock.release()
+        finally:
+            with self._state_lock:
+                self._pending -= 1
+
+    def retry_after(self) -> int:
+        return max(1, math.ceil(self._seconds_per_inference * max(1, self._pending)))
+
+    def run(self, image: Image.Image, style: str | None = None) -> Image.Image:
+        """Convert an RGB image with ``style``; waits in the queue for the model."""
+        model = self.model(style)
+        batch = imaging.to_tensor(image)
+        with self.slot():
+            started = time.perf_counter()
+            out = self.forward(model, batch)
+            elapsed = time.perf_counter() - started
+        # per-pixel cost, smoothed, scaled to a 512 x 512 image for Retry-After estimates
+        per_megapixel = elapsed / max(image.width * image.height / 262_144, 0.05)
+        self._seconds_per_inference = 0.8 * self._seconds_per_inference + 0.2 * per_megapixel
+        return imaging.to_image(out)
+
+    @staticmethod
+    def forward(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        """Run the network, edge-padding inputs smaller than MIN_SIDE and cropping back."""
+        height, width = batch.shape[-2:]
+        pad_h, pad_w = max(0, MIN_SIDE - height), max(0, MIN_SIDE - width)
+        if pad_h or pad_w:
+            batch = F.pad(batch, (0, pad_w, 0, pad_h), mode="replicate")
+        with torch.inference_mode():
+            out = model(batch)
+        return out[..., :height, :width]
+
+    def warm_up(self, side: int) -> None:
+        """One inference on the default style so the first real request is not slow."""
+        if side > 0 and self._default_model is not None:
+            self.forward(self._default_model, torch.zeros(1, 3, side, side))
+
+    def status(self) -> dict[str, Any]:
+        with self._state_lock:
+            in_flight = 1 if self._run_lock.locked() else 0
+            pending = self._pending
+        loaded = list(self._models.keys())
+        if self._default_model is not None:
+            loaded.insert(0, self.default_style)
+        return {
+            "default_style": self.default_style,
+            "installed": sorted(self._styles),
+            "loaded": loaded,
+            "broken": {name: message for name, (message, _) in self._broken.items()},
+            "torch_threads": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(),
+            "in_flight": in_flight,
+            "queued": max(0, pending - in_flight),
+            "max_queue": self.max_queue,
+        }

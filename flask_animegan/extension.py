@@ -1,0 +1,122 @@
+"""The Flask extension object: ``AnimeGAN(app)`` or ``AnimeGAN()`` + ``init_app(app)``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+from flask_limiter import Limiter
+from flask_limiter.util import get_remote_address
+
+from . import config as settings
+from .cache import NearDuplicateCache, ResultStore
+from .catalog import known_styles
+from .engine import InferenceEngine, configure_torch_threads
+from .service import AnimeGANService, get_service
+from .views import LIMITED_ENDPOINTS, blueprint
+
+EXTENSION_KEY = "animegan"
+
+
+class AnimeGAN:
+    """Adds photo-to-anime conversion to a Flask app.
+
+    Keyword options are defaults for the ``ANIMEGAN_*`` settings, given without the
+    prefix and in lower case (``AnimeGAN(app, max_side=384)``); values already in
+    ``app.config`` win. Per-app state lives in ``app.extensions["animegan"]``, so
+    one ``AnimeGAN`` object can serve several apps.
+    """
+
+    def __init__(self, app: Flask | None = None, **options: Any) -> None:
+        unknown = {f"ANIMEGAN_{k.upper()}" for k in options} - set(settings.DEFAULTS)
+        if unknown:
+            raise TypeError(f"unknown AnimeGAN options: {', '.join(sorted(unknown))}; see "
+                            "flask_animegan.config.SETTINGS for the valid names")
+        self._options = {f"ANIMEGAN_{k.upper()}": v for k, v in options.items()}
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Configure ``app``, load the default style, warm it up and register the routes."""
+        if EXTENSION_KEY in app.extensions:
+            raise RuntimeError("AnimeGAN is already initialised on this app; call "
+                               "init_app once per app")
+        for key, default in settings.DEFAULTS.items():
+            app.config.setdefault(key, self._options.get(key, default))
+        cfg = app.config
+        try:
+            settings.validate(cfg)
+            catalog = known_styles(cfg["ANIMEGAN_EXTRA_STYLES"])
+        except ValueError as exc:
+            raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
+
+        configure_torch_threads(settings.torch_threads(cfg))
+        engine = InferenceEngine(
+            models_dir=self._models_dir(app), catalog=catalog,
+            default_style=cfg["ANIMEGAN_DEFAULT_STYLE"] or None,
+            max_loaded=cfg["ANIMEGAN_MAX_LOADED_STYLES"], max_queue=cfg["ANIMEGAN_MAX_QUEUE"],
+            queue_timeout=cfg["ANIMEGAN_QUEUE_TIMEOUT"],
+        )
+        started = time.perf_counter()
+        model = engine.load_default()
+        engine.warm_up(cfg["ANIMEGAN_WARMUP_SIZE"])
+        # the design card: the model is registered in app.config at startup
+        cfg["ANIMEGAN_MODEL"] = model
+        if model is None:
+            app.logger.warning("flask_animegan: no usable style in %s (%s); run "
+                               "`flask animegan pull paprika`", engine.models_dir,
+                               engine.status()["broken"] or "folder empty")
+        else:
+            app.logger.info("flask_animegan: style %r loaded and warmed up in %.2f s",
+                            engine.default_style, time.perf_counter() - started)
+
+        ttl = cfg["ANIMEGAN_CACHE_TTL"]
+        cache = NearDuplicateCache(
+            max_bytes=cfg["ANIMEGAN_CACHE_MAX_BYTES"], ttl=ttl,
+            hash_size=cfg["ANIMEGAN_PHASH_SIZE"], max_distance=cfg["ANIMEGAN_PHASH_MAX_DISTANCE"],
+            color_tolerance=cfg["ANIMEGAN_COLOR_TOLERANCE"],
+        )
+        results = ResultStore(max_bytes=cfg["ANIMEGAN_RESULT_MAX_BYTES"],
+                              ttl=cfg["ANIMEGAN_RESULT_TTL"])
+        limiter = self._limiter(app)
+        app.extensions[EXTENSION_KEY] = AnimeGANService(cfg, engine, cache, results, limiter)
+        app.register_blueprint(blueprint, url_prefix=cfg["ANIMEGAN_URL_PREFIX"])
+        self._apply_limits(app, limiter, cfg["ANIMEGAN_RATE_LIMIT"])
+
+    @staticmethod
+    def _models_dir(app: Flask) -> Path:
+        path = Path(app.config["ANIMEGAN_MODELS_DIR"])
+        return path if path.is_absolute() else Path(app.root_path) / path
+
+    @staticmethod
+    def _limiter(app: Flask) -> Limiter:
+        """The host app's flask-limiter Limiter if it has one, else a new one for this app."""
+        for existing in app.extensions.get("limiter", ()):
+            if isinstance(existing, Limiter):
+                return existing
+        return Limiter(get_remote_address, app=app, headers_enabled=True,
+                       storage_uri=app.config["ANIMEGAN_RATELIMIT_STORAGE_URI"])
+
+    @staticmethod
+    def _apply_limits(app: Flask, limiter: Limiter, rate: str) -> None:
+        """Limit upload+convert together per client; exempt every other route of ours.
+
+        Done on this app's view functions (not with decorators at import time) so that
+        each app gets its own limiter and limit.
+        """
+        prefix = f"{blueprint.name}."
+        for endpoint, view in list(app.view_functions.items()):
+            if not endpoint.startswith(prefix):
+                continue
+            if endpoint in LIMITED_ENDPOINTS and rate:
+                app.view_functions[endpoint] = limiter.shared_limit(
+                    rate, scope="animegan-conversions")(view)
+            else:
+                limiter.exempt(view)
+
+    @staticmethod
+    def service() -> AnimeGANService:
+        """The current app's service (same as ``current_app.extensions["animegan"]``)."""
+        return get_service()

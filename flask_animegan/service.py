@@ -1,0 +1,163 @@
+"""The per-app conversion service stored in ``app.extensions["animegan"]``."""
+
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import current_app
+from PIL import Image
+
+from . import imaging
+from .cache import NearDuplicateCache, ResultStore
+from .config import OUTPUT_FORMATS
+from .engine import MIN_SIDE, InferenceEngine
+from .errors import BadParameter
+
+FORMAT_ALIASES = {"jpg": "jpeg"}
+
+
+@dataclass
+class Conversion:
+    """The outcome of converting one upload."""
+
+    data: bytes
+    mimetype: str
+    format: str
+    style: str
+    size: tuple[int, int]
+    cache_hit: bool
+    face_crop: bool
+    input_image: Image.Image  # the decoded, fitted input (what the network saw)
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
+
+
+class AnimeGANService:
+    """Everything one app needs to convert photos: engine, cache, result store, limits."""
+
+    def __init__(self, config: dict[str, Any], engine: InferenceEngine,
+                 cache: NearDuplicateCache, results: ResultStore, limiter: Any) -> None:
+        self.engine = engine
+        self.cache = cache
+        self.results = results
+        self.limiter = limiter
+        self.max_side: int = config["ANIMEGAN_MAX_SIDE"]
+        self.max_pixels: int = config["ANIMEGAN_MAX_PIXELS"]
+        self.max_upload_bytes: int = config["ANIMEGAN_MAX_UPLOAD_BYTES"]
+        self.output_format: str = config["ANIMEGAN_OUTPUT_FORMAT"]
+        self.quality: int = config["ANIMEGAN_JPEG_QUALITY"]
+        self.base_template: str = config["ANIMEGAN_BASE_TEMPLATE"]
+        self.rate_limit: str = config["ANIMEGAN_RATE_LIMIT"] or ""
+
+    # -- parameters ----------------------------------------------------------------
+    def parse_size(self, raw: Any) -> int:
+        """A requested output size (long side), defaulting to ANIMEGAN_MAX_SIDE."""
+        if raw is None or raw == "":
+            return self.max_side
+        try:
+            size = int(str(raw).strip())
+        except ValueError:
+            size = -1
+        if not MIN_SIDE <= size <= self.max_side:
+            raise BadParameter(f"size must be a whole number of pixels from {MIN_SIDE} to "
+                               f"{self.max_side}, got {str(raw)[:20]!r}")
+        return size
+
+    def parse_format(self, raw: Any) -> str:
+        if raw is None or raw == "":
+            return self.output_format
+        fmt = FORMAT_ALIASES.get(str(raw).lower(), str(raw).lower())
+        if fmt not in OUTPUT_FORMATS:
+            raise BadParameter(f"format must be one of {', '.join(OUTPUT_FORMATS)}, "
+                               f"got {str(raw)[:20]!r}")
+        return fmt
+
+    # -- converting ----------------------------------------------------------------
+    def convert(self, image: Image.Image, style: str | None = None,
+                size: int | None = None) -> Image.Image:
+        """Convert a PIL image (any mode) with ``style`` at long side ``size``; no cache."""
+        chosen = self.engine.style(style)
+        fitted = imaging.fit(imaging.to_rgb(image), self.parse_size(size), square=chosen.face)
+        return self.engine.run(fitted, chosen.name)
+
+    def convert_upload(self, data: bytes, style: str | None = None, size: Any = None,
+                       fmt: Any = None) -> Conversion:
+        """Decode an uploaded file, convert it (or reuse a cached result), encode it."""
+        chosen = self.engine.style(style)
+        size = self.parse_size(size)
+        fmt = self.parse_format(fmt)
+        timings: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(stage: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            timings[stage] = round((now - clock) * 1000, 2)
+            clock = now
+
+        decoded = imaging.decode_upload(data, max_pixels=self.max_pixels, size=size,
+                                        square=chosen.face)
+        fitted = imaging.fit(decoded, size, square=chosen.face)
+        lap("decode")
+        namespace = (chosen.name, size, fmt)
+        fingerprint = self.cache.fingerprint(fitted) if self.cache.enabled else None
+        cached = self.cache.get(namespace, fingerprint) if fingerprint else None
+        if cached is not None and cached.size == fitted.size:
+            encoded = cached.data
+        else:
+            if cached is not None:  # same photo sent at a slightly different size
+                result = Image.open(io.BytesIO(cached.data)).convert("RGB")
+                result = result.resize(fitted.size, Image.Resampling.LANCZOS)
+            else:
+                result = self.engine.run(fitted, chosen.name)
+                lap("infer")
+            encoded = imaging.encode(result, fmt, self.quality)
+            if cached is None and fingerprint is not None:
+                self.cache.put(namespace, fingerprint, encoded, fitted.size)
+        lap("encode")
+        return Conversion(encoded, imaging.MIME_TYPES[fmt], fmt, chosen.name, fitted.size,
+                          cache_hit=cached is not None, face_crop=chosen.face,
+                          input_image=fitted, timings=timings)
+
+    def styles_info(self) -> list[dict[str, Any]]:
+        """Installed and pullable styles, for the page and ``GET /styles``."""
+        installed = self.engine.styles
+        default = self.engine.default_style
+        broken = self.engine.status()["broken"]
+        names = sorted(set(installed) | set(self.engine.catalog))
+        return [{
+            "name": name,
+            "installed": name in installed,
+            "default": name == default,
+            "usable": name in installed and name not in broken,
+            "face_crop": (installed[name].face if name in installed
+                          else self.engine.catalog[name].face),
+            "licence": (installed[name].licence if name in installed
+                        else self.engine.catalog[name].licence),
+            "description": (installed[name].description if name in installed
+                            else self.engine.catalog[name].description),
+            **({"error": broken[name]} if name in broken else {}),
+        } for name in names]
+
+    def health(self) -> dict[str, Any]:
+        engine = self.engine.status()
+        if not engine["installed"] or engine["default_style"] in engine["broken"]:
+            status = "no_model"
+        elif engine["broken"]:
+            status = "degraded"
+        else:
+            status = "ok"
+        return {"status": status, **engine, "cache": self.cache.stats()}
+
+
+def get_service() -> AnimeGANService:
+    """The current app's AnimeGAN service; explains the fix when the extension is missing."""
+    try:
+        return current_app.extensions["animegan"]
+    except KeyError:
+        raise RuntimeError(
+            "flask_animegan is not initialised on this app: did you forget "
+            "AnimeGAN(app) or animegan.init_app(app)?"
+        ) from None

@@ -1,0 +1,174 @@
+"""The blueprint: the upload page, its result pages, the image API, styles and health."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from flask import (Blueprint, Response, abort, jsonify, make_response, redirect,
+                   render_template, request, url_for)
+from flask_limiter.errors import RateLimitExceeded
+from werkzeug.exceptions import HTTPException
+
+from .cache import StoredResult
+from .errors import BadImage, ConversionError, UnsupportedImage
+from .imaging import encode
+from .service import Conversion, get_service
+
+blueprint = Blueprint("animegan", __name__, template_folder="templates",
+                      static_folder="static", cli_group="animegan")
+
+#: Endpoints that answer JSON (errors included); the others render pages.
+API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz"})
+#: Endpoints that spend CPU on a conversion: these share the rate limit.
+LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert"})
+_RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
+
+
+@blueprint.before_request
+def _bound_request_body() -> None:
+    # Werkzeug answers 413 from Content-Length before reading the body (and stops
+    # reading a chunked body at the limit).
+    request.max_content_length = get_service().max_upload_bytes
+
+
+def _read_upload() -> tuple[bytes, Any]:
+    """The uploaded file's bytes and the request's parameters.
+
+    Accepts multipart/form-data (field ``image``; parameters in the form or query)
+    or the raw image as the body (parameters in the query string).
+    """
+    if request.mimetype == "multipart/form-data":
+        upload = request.files.get("image")
+        if upload is None:
+            raise BadImage("no image: send the photo in the multipart field 'image'")
+        return upload.read(), request.values
+    if request.mimetype not in _RAW_BODY_TYPES and not request.mimetype.startswith("image/"):
+        raise UnsupportedImage(f"Content-Type {request.mimetype} is not an image; send "
+                               "multipart/form-data with field 'image' or the raw image")
+    data = request.get_data(cache=False)
+    if not data:
+        raise BadImage("no image: send multipart/form-data with the photo in field 'image', "
+                       "or the raw image as the request body")
+    return data, request.args
+
+
+def _convert_request() -> Conversion:
+    data, params = _read_upload()
+    return get_service().convert_upload(data, style=params.get("style") or None,
+                                        size=params.get("size"), fmt=params.get("format"))
+
+
+def _page_context(**extra: Any) -> dict[str, Any]:
+    service = get_service()
+    styles = service.styles_info()
+    return {
+        "base_template": service.base_template,
+        "styles": [s for s in styles if s["installed"]],
+        "pullable": [s for s in styles if not s["installed"]],
+        "default_style": service.engine.default_style,
+        "max_side": service.max_side,
+        "rate_limit": service.rate_limit,
+        **extra,
+    }
+
+
+@blueprint.get("/")
+def index() -> str:
+    return render_template("animegan/index.html", **_page_context())
+
+
+@blueprint.post("/upload")
+def upload() -> Response:
+    conversion = _convert_request()
+    service = get_service()
+    token = service.results.add(StoredResult(
+        original=encode(conversion.input_image, "jpeg", service.quality),
+        result=conversion.data, mimetype=conversion.mimetype, style=conversion.style,
+        size=conversion.size))
+    return redirect(url_for(".result", token=token), code=303)
+
+
+@blueprint.get("/result/<token>")
+def result(token: str) -> str:
+    stored = get_service().results.get(token)
+    if stored is None:
+        abort(404, "this result has expired or never existed; convert the photo again")
+    return render_template("animegan/result.html", token=token, stored=stored,
+                           **_page_context())
+
+
+@blueprint.get("/result/<token>/<any(original, anime):kind>")
+def result_image(token: str, kind: str) -> Response:
+    stored = get_service().results.get(token)
+    if stored is None:
+        abort(404, "this result has expired; convert the photo again")
+    if kind == "original":
+        response = Response(stored.original, mimetype="image/jpeg")
+    else:
+        response = Response(stored.result, mimetype=stored.mimetype)
+        if request.args.get("download"):
+            ext = stored.mimetype.split("/")[1]
+            response.headers["Content-Disposition"] = (
+                f'attachment; filename="anime-{stored.style}.{"jpg" if ext == "jpeg" else ext}"')
+    response.headers["Cache-Control"] = "private, max-age=300"
+    return response
+
+
+@blueprint.post("/convert")
+def convert() -> Response:
+    conversion = _convert_request()
+    response = Response(conversion.data, mimetype=conversion.mimetype)
+    response.headers.update({
+        "X-Cache": "HIT" if conversion.cache_hit else "MISS",
+        "X-AnimeGAN-Style": conversion.style,
+        "X-AnimeGAN-Face-Crop": "centre-square" if conversion.face_crop else "none",
+        "Cache-Control": "no-store",
+    })
+    return response
+
+
+@blueprint.get("/styles")
+def styles() -> Response:
+    service = get_service()
+    return jsonify(default=service.engine.default_style, styles=service.styles_info())
+
+
+@blueprint.get("/healthz")
+def healthz() -> Response:
+    health = get_service().health()
+    return make_response(jsonify(health), 503 if health["status"] == "no_model" else 200)
+
+
+def _error_response(message: str, status: int, retry_after: int | None = None) -> Response:
+    if request.endpoint in API_ENDPOINTS:
+        response = make_response(jsonify(error=message, status=status), status)
+    else:
+        response = make_response(
+            render_template("animegan/index.html", **_page_context(error=message)), status)
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
+
+
+@blueprint.errorhandler(ConversionError)
+def _conversion_error(error: ConversionError) -> Response:
+    return _error_response(str(error), error.status, error.retry_after)
+
+
+@blueprint.errorhandler(RateLimitExceeded)
+def _rate_limited(error: RateLimitExceeded) -> Response:
+    current = get_service().limiter.current_limit
+    wait = max(1, int(current.reset_at - time.time())) if current else 60
+    return _error_response(f"too many conversions from your address (limit: {error.description});"
+                           f" try again in {wait} s", 429, wait)
+
+
+@blueprint.errorhandler(HTTPException)
+def _http_error(error: HTTPException) -> Response:
+    if error.code == 413:
+        limit = get_service().max_upload_bytes
+        message = f"the upload is too large; the limit is {limit / 1048576:.1f} MiB"
+    else:
+        message = error.description or error.name
+    return _error_response(message, error.code or 500)

@@ -1,0 +1,103 @@
+"""Finding, verifying and loading style weights (plain state dicts or TorchScript)."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .catalog import STYLE_NAME
+from .generator import Generator
+
+WEIGHT_SUFFIXES = (".pt", ".pth", ".ts")
+
+
+class WeightsError(Exception):
+    """A weights file that cannot serve as a generator; the message names the file."""
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The SHA-1 git gives a file with this content (``git hash-object``)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def file_git_blob_sha1(path: Path) -> str:
+    digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def find_style_files(models_dir: Path) -> dict[str, Path]:
+    """Map style name -> weights file for every valid weights file in ``models_dir``."""
+    found: dict[str, Path] = {}
+    if not models_dir.is_dir():
+        return found
+    for path in sorted(models_dir.iterdir()):
+        if path.suffix in WEIGHT_SUFFIXES and STYLE_NAME.match(path.stem) and path.is_file():
+            found.setdefault(path.stem, path)
+    return found
+
+
+def is_torchscript(path: Path) -> bool:
+    """TorchScript archives carry compiled code (``*/code/``); ``torch.save`` ones do not."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile:
+        return False
+    return any("/code/" in name or name.endswith("/constants.pkl") for name in names)
+
+
+def load_generator(path: Path) -> nn.Module:
+    """Load ``path`` as an eval-mode float32 generator, or raise WeightsError naming it."""
+    if not path.is_file():
+        raise WeightsError(f"{path}: weights file is missing")
+    if is_torchscript(path):
+        return _load_torchscript(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a bad file
+        raise WeightsError(
+            f"{path}: not a PyTorch state dict or TorchScript file ({exc.__class__.__name__}); "
+            "re-download it with `flask animegan pull NAME` or remove it"
+        ) from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise WeightsError(f"{path}: does not hold a state dict of tensors")
+    model = Generator()
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong_shape = sorted(k for k in set(expected) & set(state)
+                         if state[k].shape != expected[k].shape)
+    if missing or unexpected or wrong_shape:
+        details = []
+        for label, keys in (("missing", missing), ("unexpected", unexpected),
+                            ("wrong shape", wrong_shape)):
+            if keys:
+                details.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
+        raise WeightsError(f"{path}: not AnimeGANv2 generator weights: {'; '.join(details)}")
+    # fp16 files are upcast: inference runs in float32.
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+    return model.eval().requires_grad_(False)
+
+
+def _load_torchscript(path: Path) -> nn.Module:
+    try:
+        module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as exc:
+        raise WeightsError(f"{path}: broken TorchScript file ({exc})") from exc
+    module.eval()
+    try:
+        with torch.inference_mode():
+            out = module(torch.zeros(1, 3, 32, 32))
+    except Exception as exc:
+        raise WeightsError(f"{path}: TorchScript module does not run on a 1x3x32x32 image "
+                           f"({exc.__class__.__name__})") from exc
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, 3, 32, 32):
+        raise WeightsError(f"{path}: TorchScript module must map (N,3,H,W) to (N,3,H,W)")
+    return module

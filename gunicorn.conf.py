@@ -1,0 +1,34 @@
+"""gunicorn settings for serving an app with flask_animegan (the example app by default).
+
+    gunicorn -c gunicorn.conf.py example_app:app
+
+One worker process holds one copy of the model and runs one inference at a time
+with every core; a few threads accept uploads, decode and encode meanwhile, and
+queue for the model (ANIMEGAN_MAX_QUEUE). Every value can be set from the
+environment; gunicorn's own command-line flags (-b, -w, --threads) override them.
+"""
+
+import os
+
+# Cap the math libraries to the CPUs this process may use *before* torch is
+# imported (the worker imports it when it loads the app): the threadpools size
+# themselves at import time. Importing flask_animegan here would import torch, so
+# this mirrors flask_animegan.config.torch_threads in two lines.
+_threads = os.environ.get("ANIMEGAN_TORCH_THREADS") or str(len(os.sched_getaffinity(0)))
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, _threads)
+
+bind = os.environ.get("ANIMEGAN_BIND", "127.0.0.1:8000")
+workers = int(os.environ.get("ANIMEGAN_WORKERS", "1"))
+threads = int(os.environ.get("ANIMEGAN_THREADS", "4"))
+worker_class = "gthread"
+# A 1024-px conversion on a slow CPU plus a queue of them: allow minutes, not 30 s.
+timeout = int(os.environ.get("ANIMEGAN_WORKER_TIMEOUT", "120"))
+graceful_timeout = int(os.environ.get("ANIMEGAN_GRACEFUL_TIMEOUT", "60"))
+keepalive = 5
+# Bound what a client can send in headers; the body limit is ANIMEGAN_MAX_UPLOAD_BYTES.
+limit_request_line = 8190
+limit_request_fields = 100
+accesslog = os.environ.get("ANIMEGAN_ACCESS_LOG", "-")
+errorlog = "-"
+loglevel = os.environ.get("ANIMEGAN_LOG_LEVEL", "info")
