@@ -17,6 +17,8 @@ import numpy as np
 from cachetools import TTLCache
 from PIL import Image
 
+from .errors import ImageTooLarge
+
 THUMB_SIDE = 16
 ASPECT_TOLERANCE = 0.02  # relative; a crop of a photo is a different photo
 _ENTRY_OVERHEAD = 256  # rough bytes of bookkeeping per entry
@@ -27,23 +29,35 @@ class Fingerprint:
     """What decides whether two inputs are the same photo."""
 
     phash: int
-    thumbnail: np.ndarray  # THUMB_SIDE x THUMB_SIDE x 3, int16
+    thumbnail: np.ndarray  # THUMB_SIDE x THUMB_SIDE x 3 float32, 0-255
     aspect: float
 
     @classmethod
     def of(cls, image: Image.Image, hash_size: int) -> Fingerprint:
         digest = imagehash.phash(image, hash_size=hash_size)
         bits = np.packbits(digest.hash.flatten())
-        thumb = image.resize((THUMB_SIDE, THUMB_SIDE), Image.Resampling.BOX)
-        return cls(int.from_bytes(bits.tobytes(), "big"), np.asarray(thumb, dtype=np.int16),
-                   image.width / image.height)
+        # box-average to 4x the side in uint8, then to the side in float: rounding
+        # to whole levels would otherwise swamp the small shifts we must detect
+        fine = np.asarray(image.resize((THUMB_SIDE * 4,) * 2, Image.Resampling.BOX), np.float32)
+        thumb = fine.reshape(THUMB_SIDE, 4, THUMB_SIDE, 4, 3).mean(axis=(1, 3))
+        return cls(int.from_bytes(bits.tobytes(), "big"), thumb, image.width / image.height)
 
     def distance(self, other: Fingerprint) -> int:
         return (self.phash ^ other.phash).bit_count()
 
-    def color_difference(self, other: Fingerprint) -> float:
-        """Mean absolute difference of the colour thumbnails, 0-255."""
-        return float(np.abs(self.thumbnail - other.thumbnail).mean())
+    def same_colors(self, other: Fingerprint, tolerance: float) -> bool:
+        """Whether the colour thumbnails match within ``tolerance`` (0-255 levels).
+
+        Re-encoding or resizing a photo adds small differences that average out;
+        editing it (brightness, hue, recolouring) shifts colours systematically or
+        changes some regions a lot. So: the mean absolute difference must be at most
+        ``tolerance``, each channel's mean signed shift at most a third of it, and no
+        thumbnail cell may differ by more than seven times it.
+        """
+        diff = self.thumbnail - other.thumbnail
+        return bool(np.abs(diff).mean() <= tolerance
+                    and np.abs(diff.reshape(-1, 3).mean(axis=0)).max() <= tolerance / 3
+                    and np.abs(diff).max() <= tolerance * 7)
 
 
 @dataclass(frozen=True)
@@ -66,7 +80,7 @@ class NearDuplicateCache:
     """
 
     def __init__(self, *, max_bytes: int, ttl: float, hash_size: int = 16,
-                 max_distance: int = 6, color_tolerance: float = 6.0,
+                 max_distance: int = 6, color_tolerance: float = 1.2,
                  timer: Any = time.monotonic) -> None:
         self.enabled = ttl > 0 and max_bytes > 0
         self.hash_size = hash_size
@@ -93,7 +107,7 @@ class NearDuplicateCache:
                 distance = fingerprint.distance(entry.fingerprint)
                 if (distance < best_distance
                         and abs(entry.fingerprint.aspect / fingerprint.aspect - 1) <= ASPECT_TOLERANCE
-                        and fingerprint.color_difference(entry.fingerprint) <= self.color_tolerance):
+                        and fingerprint.same_colors(entry.fingerprint, self.color_tolerance)):
                     best_key, best_distance = key, distance
             if best_key is None:
                 self.misses += 1
@@ -142,6 +156,9 @@ class ResultStore:
         self._lock = threading.Lock()
 
     def add(self, result: StoredResult) -> str:
+        if result.nbytes > self._entries.maxsize:
+            raise ImageTooLarge("the result is too large to keep for its page; choose a "
+                                "smaller size or raise ANIMEGAN_RESULT_MAX_BYTES")
         token = secrets.token_urlsafe(24)  # 192 bits
         with self._lock:
             self._entries[token] = result

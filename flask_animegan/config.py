@@ -8,6 +8,7 @@ configuration table is generated from (and tested against) :data:`SETTINGS`.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ SETTINGS: tuple[Setting, ...] = (
             "flask-limiter storage; `memory://` counts per process, use `redis://...` to "
             "share counts between workers and hosts.", str),
     Setting("ANIMEGAN_CACHE_TTL", 3600,
-            "Seconds a cached result (and a result page) lives; 0 disables the cache.", int),
+            "Seconds a cached result lives; 0 disables the cache.", int),
     Setting("ANIMEGAN_CACHE_MAX_BYTES", 64 * 1024 * 1024,
             "Byte budget of the result cache (least recently used results are evicted).", int),
     Setting("ANIMEGAN_PHASH_SIZE", 16,
@@ -60,9 +61,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ANIMEGAN_PHASH_MAX_DISTANCE", 6,
             "Largest Hamming distance between two perceptual hashes that may share a "
             "result (the colour-thumbnail check must pass too).", int),
-    Setting("ANIMEGAN_COLOR_TOLERANCE", 6.0,
-            "Largest mean absolute difference (0-255) between the 16x16 colour "
-            "thumbnails of two inputs that may share a result.", float),
+    Setting("ANIMEGAN_COLOR_TOLERANCE", 1.2,
+            "Largest mean absolute difference (0-255 levels) between the 16x16 colour "
+            "thumbnails of two inputs that may share a result (systematic shifts must "
+            "stay under a third of it).", float),
     Setting("ANIMEGAN_RESULT_TTL", 3600,
             "Seconds the result page of a form upload (and its images) stays available.", int),
     Setting("ANIMEGAN_RESULT_MAX_BYTES", 64 * 1024 * 1024,
@@ -70,8 +72,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ANIMEGAN_TORCH_THREADS", None,
             "torch intra-op threads; unset uses the CPUs this process may run on "
             "(`os.sched_getaffinity`).", int),
-    Setting("ANIMEGAN_MAX_QUEUE", 4,
-            "Conversions allowed to wait while one runs; more get 503 with Retry-After.", int),
+    Setting("ANIMEGAN_MAX_QUEUE", 2,
+            "Conversions allowed to wait while one runs; more get 503 with Retry-After. "
+            "Keep it below the server's thread count so the 503 can be sent.", int),
     Setting("ANIMEGAN_QUEUE_TIMEOUT", 60.0,
             "Seconds a queued conversion waits for the model before giving up with 503.", float),
     Setting("ANIMEGAN_OUTPUT_FORMAT", "jpeg", "Default output format: jpeg, png or webp.", str),
@@ -102,7 +105,14 @@ def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for setting in SETTINGS:
         raw = environ.get(setting.name)
-        if raw is None or setting.kind is dict:
+        if raw is None:
+            continue
+        if setting.kind is dict:
+            try:
+                found[setting.name] = json.loads(raw)
+            except ValueError:
+                raise ValueError(f"environment variable {setting.name} must be a JSON object, "
+                                 f'e.g. {{"mystyle": {{"url": "...", "sha1": "..."}}}}') from None
             continue
         if raw == "" and setting.kind is not str:
             found[setting.name] = None  # an empty variable means "use the automatic choice"

@@ -146,12 +146,12 @@ class InferenceEngine:
                     self._models[style.name] = model
             return model
 
-    def load_default(self) -> nn.Module | None:
-        """Load the default style now (at startup); None if no style is usable."""
+    def load_default(self) -> tuple[nn.Module | None, str | None]:
+        """Load the default style now (at startup): (model, None) or (None, why not)."""
         try:
-            return self.model(None)
-        except (StyleUnavailable, UnknownStyle):
-            return None
+            return self.model(None), None
+        except (StyleUnavailable, UnknownStyle) as exc:
+            return None, str(exc)
 
     # -- running -----------------------------------------------------------------
     @contextlib.contextmanager

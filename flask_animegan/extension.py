@@ -60,14 +60,13 @@ class AnimeGAN:
             queue_timeout=cfg["ANIMEGAN_QUEUE_TIMEOUT"],
         )
         started = time.perf_counter()
-        model = engine.load_default()
+        model, problem = engine.load_default()
         engine.warm_up(cfg["ANIMEGAN_WARMUP_SIZE"])
         # the design card: the model is registered in app.config at startup
         cfg["ANIMEGAN_MODEL"] = model
         if model is None:
-            app.logger.warning("flask_animegan: no usable style in %s (%s); run "
-                               "`flask animegan pull paprika`", engine.models_dir,
-                               engine.status()["broken"] or "folder empty")
+            app.logger.warning("flask_animegan: the default style is not usable, conversions "
+                               "will answer 503: %s", problem)
         else:
             app.logger.info("flask_animegan: style %r loaded and warmed up in %.2f s",
                             engine.default_style, time.perf_counter() - started)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -23,6 +24,9 @@ ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 MIME_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
 _SRGB = ImageCms.createProfile("sRGB")
 _ACCEPTED_HINT = "send a JPEG, PNG, WebP, GIF, BMP or TIFF image"
+
+# Uploads are untrusted: Pillow's own advice is to make its bomb warning an error.
+warnings.simplefilter("error", Image.DecompressionBombWarning)
 
 
 def decode_upload(data: bytes, *, max_pixels: int, size: int, square: bool = False) -> Image.Image:
@@ -38,7 +42,7 @@ def decode_upload(data: bytes, *, max_pixels: int, size: int, square: bool = Fal
         image = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
     except UnidentifiedImageError:
         raise _unidentified(data) from None
-    except Image.DecompressionBombError:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageTooLarge(f"the image has too many pixels; the limit is {max_pixels:,}") from None
     width, height = image.size
     if width < 1 or height < 1:

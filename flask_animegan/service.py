@@ -143,7 +143,8 @@ class AnimeGANService:
 
     def health(self) -> dict[str, Any]:
         engine = self.engine.status()
-        if not engine["installed"] or engine["default_style"] in engine["broken"]:
+        default = engine["default_style"]
+        if default not in engine["installed"] or default in engine["broken"]:
             status = "no_model"
         elif engine["broken"]:
             status = "degraded"

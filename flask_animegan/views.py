@@ -140,6 +140,13 @@ def healthz() -> Response:
     return make_response(jsonify(health), 503 if health["status"] == "no_model" else 200)
 
 
+def _size(count: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} bytes"
+
+
 def _error_response(message: str, status: int, retry_after: int | None = None) -> Response:
     if request.endpoint in API_ENDPOINTS:
         response = make_response(jsonify(error=message, status=status), status)
@@ -167,8 +174,7 @@ def _rate_limited(error: RateLimitExceeded) -> Response:
 @blueprint.errorhandler(HTTPException)
 def _http_error(error: HTTPException) -> Response:
     if error.code == 413:
-        limit = get_service().max_upload_bytes
-        message = f"the upload is too large; the limit is {limit / 1048576:.1f} MiB"
+        message = f"the upload is too large; the limit is {_size(get_service().max_upload_bytes)}"
     else:
         message = error.description or error.name
     return _error_response(message, error.code or 500)

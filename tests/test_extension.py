@@ -1,0 +1,171 @@
+"""The extension object: init patterns, per-app state, config, the Python API."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+from flask import Flask, current_app
+from flask_limiter import Limiter
+from flask_limiter.util import get_remote_address
+from PIL import Image
+
+from conftest import photo, photo_bytes
+from flask_animegan import AnimeGAN, Generator, get_service
+
+
+def base_app(models_dir, **config) -> Flask:
+    app = Flask("host")
+    app.config.update({"ANIMEGAN_MODELS_DIR": str(models_dir), "ANIMEGAN_WARMUP_SIZE": 32,
+                       "ANIMEGAN_MAX_SIDE": 128, **config})
+    return app
+
+
+def test_app_factory_pattern_and_model_registered_in_config(models_dir):
+    animegan = AnimeGAN()
+    app = base_app(models_dir)
+    animegan.init_app(app)
+    assert isinstance(app.config["ANIMEGAN_MODEL"], Generator)
+    assert app.extensions["animegan"].engine.default_style == "other_style"
+    assert app.config["ANIMEGAN_URL_PREFIX"] == "/animegan"  # defaults set on the real config
+    assert not hasattr(animegan, "app")
+
+
+def test_init_app_twice_on_one_app_is_an_error(models_dir):
+    app = base_app(models_dir)
+    AnimeGAN(app)
+    with pytest.raises(RuntimeError, match="already initialised"):
+        AnimeGAN().init_app(app)
+
+
+def test_two_apps_in_one_process_do_not_share_state(models_dir):
+    animegan = AnimeGAN()
+    limited = base_app(models_dir, ANIMEGAN_RATE_LIMIT="1 per minute",
+                       ANIMEGAN_DEFAULT_STYLE="test_style")
+    free = base_app(models_dir, ANIMEGAN_RATE_LIMIT="", ANIMEGAN_URL_PREFIX="/anime")
+    animegan.init_app(limited)
+    animegan.init_app(free)
+    assert limited.extensions["animegan"] is not free.extensions["animegan"]
+    data = photo_bytes("coffee")
+    a, b = limited.test_client(), free.test_client()
+    assert a.post("/animegan/convert", data=data, content_type="image/jpeg").status_code == 200
+    assert a.post("/animegan/convert", data=data, content_type="image/jpeg").status_code == 429
+    for _ in range(3):  # the other app has no limit and its own cache
+        response = b.post("/anime/convert", data=data, content_type="image/jpeg")
+        assert response.status_code == 200
+    assert response.headers["X-AnimeGAN-Style"] == "other_style"
+    assert limited.extensions["animegan"].cache.stats()["entries"] == 1
+    assert free.extensions["animegan"].cache.stats()["hits"] == 2
+
+
+def test_options_are_defaults_and_app_config_wins(models_dir):
+    app = base_app(models_dir, ANIMEGAN_MAX_SIDE=96)
+    AnimeGAN(app, max_side=64, output_format="png")
+    assert app.config["ANIMEGAN_MAX_SIDE"] == 96
+    assert app.config["ANIMEGAN_OUTPUT_FORMAT"] == "png"
+    with pytest.raises(TypeError, match="ANIMEGAN_NOT_A_SETTING"):
+        AnimeGAN(not_a_setting=1)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("ANIMEGAN_MAX_SIDE", 0, "ANIMEGAN_MAX_SIDE"),
+    ("ANIMEGAN_OUTPUT_FORMAT", "gif", "ANIMEGAN_OUTPUT_FORMAT"),
+    ("ANIMEGAN_URL_PREFIX", "animegan", "must start with '/'"),
+    ("ANIMEGAN_TORCH_THREADS", 0, "ANIMEGAN_TORCH_THREADS"),
+    ("ANIMEGAN_EXTRA_STYLES", {"Bad Name": {}}, "not a valid style name"),
+    ("ANIMEGAN_EXTRA_STYLES", {"mine": {"url": "http://x"}}, "sha1"),
+])
+def test_bad_config_fails_at_startup_naming_the_key(models_dir, key, value, message):
+    with pytest.raises(RuntimeError, match=message):
+        AnimeGAN(base_app(models_dir, **{key: value}))
+
+
+def test_service_outside_an_initialised_app_says_what_to_do():
+    app = Flask("bare")
+    with app.app_context(), pytest.raises(RuntimeError, match=r"forget AnimeGAN\(app\)"):
+        get_service()
+
+
+def test_reuses_the_host_limiter(models_dir):
+    app = base_app(models_dir, ANIMEGAN_RATE_LIMIT="1 per minute")
+    limiter = Limiter(get_remote_address, app=app, storage_uri="memory://",
+                      default_limits=["2 per minute"])
+
+    @app.get("/own")
+    def own() -> str:
+        return "host page"
+
+    AnimeGAN(app)
+    assert app.extensions["limiter"] == {limiter}
+    assert app.extensions["animegan"].limiter is limiter
+    client = app.test_client()
+    data = photo_bytes("coffee")
+    assert client.post("/animegan/convert", data=data, content_type="image/jpeg").status_code == 200
+    limited = client.post("/animegan/convert", data=data, content_type="image/jpeg")
+    assert limited.status_code == 429 and int(limited.headers["Retry-After"]) > 0
+    # the host's default limit still applies to its own routes, not to our pages
+    assert [client.get("/own").status_code for _ in range(3)] == [200, 200, 429]
+    for _ in range(3):
+        assert client.get("/animegan/styles").status_code == 200
+
+
+def test_python_api_converts_pil_images_of_any_mode(app):
+    with app.app_context():
+        service = current_app.extensions["animegan"]
+        rgba = photo("astronaut").convert("RGBA")
+        result = service.convert(rgba)
+        assert isinstance(result, Image.Image)
+        assert result.mode == "RGB" and result.size == (128, 128)
+        small = service.convert(photo("coffee").convert("L"), style="test_style", size=60)
+        assert small.size == (60, 40)
+
+
+def test_a_style_added_after_startup_is_found(make_app, tmp_path):
+    from conftest import save_random_generator
+
+    save_random_generator(tmp_path / "first.pt", seed=0)
+    app = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path))
+    save_random_generator(tmp_path / "later.pt", seed=1)
+    response = app.test_client().post("/animegan/convert?style=later", data=photo_bytes(),
+                                      content_type="image/jpeg")
+    assert response.status_code == 200 and response.headers["X-AnimeGAN-Style"] == "later"
+
+
+def test_loaded_styles_are_bounded_and_the_default_stays(make_app, tmp_path):
+    from conftest import save_random_generator
+
+    for seed, name in enumerate(("a", "b", "c", "d")):
+        save_random_generator(tmp_path / f"{name}.pt", seed=seed)
+    app = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path), ANIMEGAN_MAX_LOADED_STYLES=2,
+                   ANIMEGAN_DEFAULT_STYLE="a")
+    client = app.test_client()
+    for name in ("b", "c", "d"):
+        assert client.post(f"/animegan/convert?style={name}", data=photo_bytes(),
+                           content_type="image/jpeg").status_code == 200
+    loaded = client.get("/animegan/healthz").json["loaded"]
+    assert loaded[0] == "a" and sorted(loaded[1:]) == ["c", "d"]
+
+
+def test_startup_logs_the_load_and_warns_without_weights(make_app, tmp_path, caplog):
+    with caplog.at_level(logging.INFO):
+        make_app()
+        make_app(ANIMEGAN_MODELS_DIR=str(tmp_path))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("loaded and warmed up" in m for m in messages)
+    assert any("flask animegan pull paprika" in m for m in messages)
+
+
+def test_example_app_adds_the_extension_to_an_existing_site(models_dir, monkeypatch):
+    monkeypatch.setenv("ANIMEGAN_MODELS_DIR", str(models_dir))
+    monkeypatch.setenv("ANIMEGAN_MAX_SIDE", "64")
+    monkeypatch.setenv("ANIMEGAN_WARMUP_SIZE", "0")
+    from example_app import create_app
+
+    app = create_app()
+    client = app.test_client()
+    assert b"/animegan/" in client.get("/").data
+    assert client.get("/about").json["converter"] == "/animegan/"
+    response = client.post("/animegan/convert", data={"image": (io.BytesIO(photo_bytes()), "a.jpg")})
+    assert response.status_code == 200
+    assert max(Image.open(io.BytesIO(response.data)).size) == 64

@@ -1,0 +1,207 @@
+"""The image pipeline: decoding by content, every mode to RGB, orientation, sizing, limits."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageCms
+
+from conftest import encode_image, open_image, photo, photo_bytes
+from flask_animegan import imaging
+from flask_animegan.engine import InferenceEngine
+from flask_animegan.errors import BadImage, ImageTooLarge, UnsupportedImage
+
+BIG = 10**8
+
+
+def decode(data: bytes, size: int = 512, **kwargs) -> Image.Image:
+    return imaging.decode_upload(data, max_pixels=kwargs.pop("max_pixels", BIG), size=size,
+                                 **kwargs)
+
+
+def quadrants(width: int = 80, height: int = 60) -> Image.Image:
+    """Red, green / blue, white quadrants: any rotation or mirror changes it."""
+    image = Image.new("RGB", (width, height))
+    w, h = width // 2, height // 2
+    for box, colour in (((0, 0, w, h), (255, 0, 0)), ((w, 0, width, h), (0, 255, 0)),
+                        ((0, h, w, height), (0, 0, 255)), ((w, h, width, height), (255,) * 3)):
+        image.paste(colour, box)
+    return image
+
+
+def quadrant_colours(image: Image.Image) -> list[tuple[int, ...]]:
+    w, h = image.size
+    points = [(w // 4, h // 4), (3 * w // 4, h // 4), (w // 4, 3 * h // 4), (3 * w // 4, 3 * h // 4)]
+    return [tuple(round(c / 255) * 255 for c in image.getpixel(p)) for p in points]
+
+
+# The EXIF spec's display transform for each orientation, inverted: what a camera stores.
+STORED_FOR_ORIENTATION = {
+    1: lambda im: im,
+    2: lambda im: im.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
+    3: lambda im: im.transpose(Image.Transpose.ROTATE_180),
+    4: lambda im: im.transpose(Image.Transpose.FLIP_TOP_BOTTOM),
+    5: lambda im: im.transpose(Image.Transpose.TRANSPOSE),
+    6: lambda im: im.transpose(Image.Transpose.ROTATE_90),  # displayed by turning 90 deg CW
+    7: lambda im: im.transpose(Image.Transpose.TRANSVERSE),
+    8: lambda im: im.transpose(Image.Transpose.ROTATE_270),
+}
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_every_exif_orientation_comes_out_upright(orientation):
+    upright = quadrants()
+    stored = STORED_FOR_ORIENTATION[orientation](upright)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    decoded = decode(encode_image(stored, "JPEG", quality=95, exif=exif.tobytes()))
+    assert decoded.size == upright.size
+    assert quadrant_colours(decoded) == quadrant_colours(upright)
+
+
+def test_orientation_through_the_api(client):
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    stored = STORED_FOR_ORIENTATION[6](quadrants(120, 90))
+    response = client.post("/animegan/convert",
+                           data=encode_image(stored, "JPEG", exif=exif.tobytes()),
+                           content_type="image/jpeg")
+    assert response.status_code == 200
+    assert open_image(response.data).size == (120, 90)
+
+
+def rgba_half_transparent() -> Image.Image:
+    image = Image.new("RGBA", (40, 20), (0, 0, 0, 255))
+    image.paste((0, 0, 0, 0), (20, 0, 40, 20))
+    return image
+
+
+@pytest.mark.parametrize("make,fmt", [
+    (lambda: rgba_half_transparent(), "PNG"),
+    (lambda: rgba_half_transparent().convert("LA"), "PNG"),
+    (lambda: rgba_half_transparent().convert("P"), "PNG"),  # P with a transparent index
+    (lambda: rgba_half_transparent(), "WEBP"),
+])
+def test_alpha_is_composited_on_white(make, fmt):
+    image = make()
+    data = encode_image(image, fmt, lossless=True) if fmt == "WEBP" else encode_image(image, fmt)
+    decoded = decode(data)
+    assert decoded.mode == "RGB"
+    assert decoded.getpixel((5, 10)) == (0, 0, 0)
+    assert decoded.getpixel((35, 10)) == (255, 255, 255)
+
+
+@pytest.mark.parametrize("mode,fmt", [("1", "PNG"), ("L", "PNG"), ("P", "GIF"), ("CMYK", "JPEG"),
+                                      ("RGB", "BMP"), ("RGB", "TIFF"), ("L", "TIFF")])
+def test_every_mode_becomes_rgb_with_the_same_look(mode, fmt):
+    source = photo("coffee").resize((60, 40))
+    data = encode_image(source.convert(mode), fmt)
+    decoded = decode(data)
+    assert decoded.mode == "RGB" and decoded.size == (60, 40)
+    reference = source.convert(mode).convert("RGB")
+    difference = np.abs(np.asarray(decoded, float) - np.asarray(reference, float)).mean()
+    assert difference < 8, difference
+
+
+def test_16_bit_grayscale_is_scaled_not_clipped():
+    ramp = (np.linspace(0, 65535, 64 * 16).reshape(16, 64)).astype(np.uint16)
+    image = Image.fromarray(ramp)
+    assert image.mode == "I;16"
+    data = encode_image(image, "PNG")
+    decoded = np.asarray(decode(data))
+    assert decoded[..., 0].min() == 0 and decoded[..., 0].max() == 255
+    assert np.all(np.diff(decoded[0, :, 0].astype(int)) >= 0)  # a ramp stays a ramp
+
+
+def test_an_icc_tagged_image_is_converted_and_the_profile_dropped():
+    # Pillow can only build sRGB, LAB and XYZ profiles, so this checks the conversion
+    # path end to end with an sRGB tag (identity within rounding), not a gamut change.
+    profile = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
+    source = photo("coffee").resize((64, 48))
+    decoded = decode(encode_image(source, "PNG", icc_profile=profile.tobytes()))
+    assert np.abs(np.asarray(decoded, int) - np.asarray(source, int)).max() <= 2
+    assert "icc_profile" not in decoded.info
+
+
+def test_animated_gif_uses_the_first_frame():
+    frames = [Image.new("RGB", (32, 32), colour) for colour in ((255, 0, 0), (0, 0, 255))]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:], duration=100)
+    assert decode(buffer.getvalue()).getpixel((16, 16)) == (255, 0, 0)
+
+
+def test_not_an_image_and_unsupported_formats():
+    with pytest.raises(BadImage, match="empty"):
+        decode(b"")
+    with pytest.raises(BadImage, match="not an image"):
+        decode(b"<html><body>hi</body></html>")
+    with pytest.raises(UnsupportedImage, match="PCX"):
+        decode(encode_image(photo("coffee"), "PCX"))
+
+
+def test_truncated_png_and_bad_crc_are_bad_images():
+    png = photo_bytes("coffee", "PNG")
+    with pytest.raises(BadImage, match="truncated or corrupt"):
+        decode(png[: len(png) // 2])
+    corrupted = bytearray(png)
+    corrupted[40] ^= 0xFF  # inside the first IDAT chunk: its CRC no longer matches
+    with pytest.raises(BadImage):
+        decode(bytes(corrupted))
+
+
+def test_decompression_bomb_is_refused_from_the_header():
+    # a tiny PNG that declares 50000 x 50000 pixels
+    bomb = Image.new("1", (50000, 50000))
+    buffer = io.BytesIO()
+    bomb.save(buffer, "PNG")
+    assert len(buffer.getvalue()) < 400_000
+    with pytest.raises(ImageTooLarge, match="too many pixels"):
+        decode(buffer.getvalue(), max_pixels=40_000_000)
+
+
+@pytest.mark.parametrize("side", [7000, 10000])  # 49 M: over our limit; 100 M: Pillow warns too
+def test_images_over_the_pixel_limit_are_refused_before_decoding(side):
+    buffer = io.BytesIO()
+    Image.new("1", (side, side)).save(buffer, "PNG")
+    with pytest.raises(ImageTooLarge, match="pixels"):
+        decode(buffer.getvalue(), max_pixels=40_000_000)
+    jpeg_header_only = encode_image(Image.new("RGB", (side, 8)), "JPEG")
+    with pytest.raises(ImageTooLarge):
+        decode(jpeg_header_only, max_pixels=side * 4)
+
+
+def test_big_jpegs_are_decoded_at_reduced_scale():
+    big = photo("astronaut").resize((2048, 2048))
+    decoded = imaging.decode_upload(encode_image(big, "JPEG"), max_pixels=BIG, size=512)
+    assert decoded.size == (512, 512)  # DCT scaling 1/4, not a full 2048 decode
+    square = imaging.decode_upload(encode_image(big.resize((2048, 1024)), "JPEG"),
+                                   max_pixels=BIG, size=512, square=True)
+    assert min(square.size) >= 512  # the centre square must still cover the size
+
+
+@pytest.mark.parametrize("size_in,size,expected", [
+    ((600, 400), 512, (512, 341)), ((400, 600), 512, (341, 512)), ((300, 200), 512, (300, 200)),
+    ((1, 4000), 512, (1, 512)), ((4000, 1), 512, (512, 1)), ((1, 1), 512, (1, 1)),
+])
+def test_output_size_rule(size_in, size, expected):
+    assert imaging.output_size(*size_in, size) == expected
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 300), (300, 1), (7, 9), (16, 15)])
+def test_images_smaller_than_the_network_needs_still_convert(app, shape):
+    engine: InferenceEngine = app.extensions["animegan"].engine
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (*shape, 3), np.uint8))
+    result = engine.run(image)
+    assert result.size == image.size and result.mode == "RGB"
+
+
+def test_tensor_round_trip_is_exact():
+    image = photo("astronaut").resize((37, 23))
+    tensor = imaging.to_tensor(image)
+    assert tensor.shape == (1, 3, 23, 37) and tensor.min() >= -1 and tensor.max() <= 1
+    assert np.array_equal(np.asarray(imaging.to_image(tensor)), np.asarray(image))
+    clipped = imaging.to_image(torch.full((1, 3, 2, 2), 5.0))
+    assert clipped.getpixel((0, 0)) == (255, 255, 255)

@@ -1,0 +1,83 @@
+"""The README stays true to the code: config table, setting names, documented routes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from flask import Flask
+
+from flask_animegan.catalog import OFFICIAL_STYLES
+from flask_animegan.config import SETTINGS
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text(encoding="utf-8")
+START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+NAME = re.compile(r"\bANIMEGAN_[A-Z0-9_]*[A-Z0-9]\b")
+ROUTE_HEADING = re.compile(r"^### `(GET|POST) (/[^`\s]*)`$", re.MULTILINE)
+CURL_URL = re.compile(r"https?://127\.0\.0\.1:8000(/[^\s'\"?]*)")
+PLACEHOLDER = re.compile(r"<[^>]+>")
+
+
+def api_section() -> str:
+    return README.split("\n## HTTP API\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_config_table_matches_generator() -> None:
+    generated = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "gen_config_table.py")],
+        check=True, capture_output=True, text=True, cwd=REPO,
+    ).stdout.strip()
+    assert README.count(START) == 1 and README.count(END) == 1
+    in_readme = README.split(START, 1)[1].split(END, 1)[0].strip()
+    assert in_readme == generated, (
+        "README.md's config table is out of date; run "
+        "`.venv/bin/python tools/gen_config_table.py --write`")
+
+
+def test_every_setting_name_in_readme_exists(make_app: Callable[..., Flask]) -> None:
+    gunicorn_names = set(NAME.findall((REPO / "gunicorn.conf.py").read_text(encoding="utf-8")))
+    # init_app also sets ANIMEGAN_MODEL (the loaded network) in app.config.
+    app_names = {key for key in make_app().config if key.startswith("ANIMEGAN_")}
+    known = {s.name for s in SETTINGS} | gunicorn_names | app_names
+    unknown = sorted(set(NAME.findall(README)) - known)
+    assert not unknown, f"README.md mentions settings that do not exist: {unknown}"
+
+
+def _normalise(rule: str) -> str:
+    return PLACEHOLDER.sub("<>", rule)
+
+
+def test_documented_routes_exist(make_app: Callable[..., Flask]) -> None:
+    app = make_app()
+    rules = {(_normalise(r.rule), method) for r in app.url_map.iter_rules()
+             for method in r.methods or ()}
+    documented = ROUTE_HEADING.findall(api_section())
+    assert documented, "no '### `METHOD /path`' headings found in the HTTP API section"
+    missing = [f"{m} {p}" for m, p in documented if (_normalise(p), m) not in rules]
+    assert not missing, f"README.md documents routes the app does not have: {missing}"
+
+    adapter = app.url_map.bind("127.0.0.1:8000")
+    for path in CURL_URL.findall(api_section()):
+        adapter.match(PLACEHOLDER.sub("TOKEN", path), method="POST" if path.endswith(
+            ("/upload", "/convert")) else "GET")  # raises NotFound for an unknown path
+
+
+def test_every_blueprint_route_is_documented(make_app: Callable[..., Flask]) -> None:
+    documented = {(m, _normalise(p)) for m, p in ROUTE_HEADING.findall(api_section())}
+    undocumented = [
+        f"{method} {rule.rule}"
+        for rule in make_app().url_map.iter_rules()
+        if rule.endpoint.startswith("animegan.") and rule.endpoint != "animegan.static"
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
+        if (method, _normalise(rule.rule)) not in documented
+    ]
+    assert not undocumented, f"routes missing from README.md's HTTP API section: {undocumented}"
+
+
+def test_official_style_pins_in_readme() -> None:
+    for style in OFFICIAL_STYLES.values():
+        assert f"| `{style.name}` |" in README and style.sha1 in README, style.name
