@@ -29,6 +29,6 @@ keepalive = 5
 # Bound what a client can send in headers; the body limit is ANIMEGAN_MAX_UPLOAD_BYTES.
 limit_request_line = 8190
 limit_request_fields = 100
-accesslog = os.environ.get("ANIMEGAN_ACCESS_LOG", "-")
+accesslog = os.environ.get("ANIMEGAN_ACCESS_LOG", "-") or None  # empty: no access log
 errorlog = "-"
 loglevel = os.environ.get("ANIMEGAN_LOG_LEVEL", "info")

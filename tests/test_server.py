@@ -1,0 +1,122 @@
+"""The example app under the real gunicorn, started with the repository's gunicorn.conf.py."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from conftest import REPO, free_port, open_image, photo_bytes
+
+pytestmark = pytest.mark.server
+GUNICORN = Path(sys.executable).with_name("gunicorn")
+
+
+class Server:
+    def __init__(self, env: dict[str, str], log: Path, cpus: set[int] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log
+        self.log = log.open("w")
+        self.process = subprocess.Popen(
+            [str(GUNICORN), "-c", "gunicorn.conf.py", "-b", f"127.0.0.1:{self.port}",
+             "example_app:app"],
+            cwd=REPO, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                if requests.get(f"{self.url}/animegan/healthz", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise AssertionError(f"gunicorn did not become healthy:\n{self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def server(models_dir, tmp_path_factory):
+    """gunicorn serving the example app, pinned to one CPU, on a free loopback port."""
+    instance = Server({
+        "ANIMEGAN_MODELS_DIR": str(models_dir), "ANIMEGAN_MAX_SIDE": "256",
+        "ANIMEGAN_DEFAULT_STYLE": "test_style", "ANIMEGAN_RATE_LIMIT": "",
+        "ANIMEGAN_ACCESS_LOG": "",
+    }, log=tmp_path_factory.mktemp("gunicorn") / "log.txt",
+        cpus={sorted(os.sched_getaffinity(0))[0]})
+    yield instance
+    instance.stop()
+
+
+def test_healthz_reports_the_thread_cap_from_cpu_affinity(server):
+    health = requests.get(f"{server.url}/animegan/healthz", timeout=10).json()
+    assert health["status"] == "ok"
+    assert health["torch_threads"] == 1  # the worker may use one CPU
+    assert health["torch_interop_threads"] == 1
+    assert health["loaded"] == ["test_style"]
+
+
+def test_curl_style_convert_returns_a_jpeg_of_the_configured_size(server):
+    response = requests.post(f"{server.url}/animegan/convert", timeout=60,
+                             files={"image": ("astronaut.jpg", photo_bytes("astronaut"))})
+    assert response.status_code == 200
+    assert response.headers["Content-Type"] == "image/jpeg"
+    image = open_image(response.content)
+    assert image.format == "JPEG" and max(image.size) == 256
+
+
+def test_browser_form_upload_shows_the_converted_photo(server):
+    session = requests.Session()
+    page = session.get(f"{server.url}/animegan/", timeout=10)
+    assert 'enctype="multipart/form-data"' in page.text
+    result = session.post(f"{server.url}/animegan/upload", timeout=60,
+                          files={"image": ("coffee.jpg", photo_bytes("coffee"))},
+                          data={"style": "test_style", "size": "256"})
+    assert result.status_code == 200 and result.history[0].status_code == 303
+    sources = re.findall(r'<img[^>]+src="([^"]+)"', result.text)
+    assert len(sources) == 2
+    original, anime = (open_image(session.get(server.url + s, timeout=10).content)
+                       for s in sources)
+    assert original.size == anime.size == (256, 171)
+
+
+def test_the_site_keeps_its_own_pages(server):
+    assert "Example site" in requests.get(server.url + "/", timeout=10).text
+    assert requests.get(server.url + "/about", timeout=10).json()["site"] == "example"
+
+
+def test_concurrent_clients_get_results_or_a_prompt_503(server):
+    data = photo_bytes("rocket")
+
+    def one(i: int) -> requests.Response:
+        return requests.post(f"{server.url}/animegan/convert?size={200 + i}", data=data,
+                             headers={"Content-Type": "image/jpeg"}, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(one, range(8)))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 1
+    for response in responses:
+        if response.status_code == 503:
+            assert int(response.headers["Retry-After"]) >= 1
+    assert requests.get(f"{server.url}/animegan/healthz", timeout=10).json()["in_flight"] == 0
