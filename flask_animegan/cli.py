@@ -15,7 +15,14 @@ from .views import blueprint
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 cli = blueprint.cli
-cli.help = "Photo-to-anime styles: list, download, convert."
+cli.help = """Photo-to-anime styles: list, download, convert.
+
+\b
+Examples:
+  flask --app example_app animegan styles
+  flask --app example_app animegan pull paprika
+  flask --app example_app animegan convert photos/ -o anime/
+"""
 
 
 @cli.command("styles")
@@ -26,7 +33,13 @@ def styles_command() -> None:
     Example:
       flask --app example_app animegan styles
     """
-    for style in get_service().styles_info():
+    service = get_service()
+    for name in service.engine.styles:  # load each once, so broken files show as such
+        try:
+            service.engine.model(name)
+        except ConversionError:
+            pass
+    for style in service.styles_info():
         if style["installed"]:
             state = "installed" + (", default" if style["default"] else "")
             if not style["usable"]:
@@ -67,7 +80,7 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
     if target.exists() and not force:
         click.echo(f"{name} is already installed at {target} (use --force to download again)")
         return
-    click.echo(f"{name}: {style.description}\nlicence: {style.licence}")
+    click.echo(f"{name}: {style.description or '(no description)'}\nlicence: {style.licence}")
     base = base_url or current_app.config["ANIMEGAN_WEIGHTS_BASE_URL"]
     bar = None
     try:

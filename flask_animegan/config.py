@@ -36,8 +36,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Folder holding style weights (`NAME.pt`); relative paths are resolved "
             "against the app's root path.", str),
     Setting("ANIMEGAN_DEFAULT_STYLE", None,
-            "Style used when a request names none; unset picks `paprika` if installed, "
-            "else the first installed style in alphabetical order.", str),
+            "Style used when a request names none; unset picks the first installed of "
+            "`paprika`, `face_paint_512_v2`, `toon_demo`, else the first alphabetically.", str),
     Setting("ANIMEGAN_URL_PREFIX", "/animegan", "URL prefix of the blueprint.", str),
     Setting("ANIMEGAN_MAX_SIDE", 512,
             "Largest allowed long side of the output, in pixels; also the default size.", int),

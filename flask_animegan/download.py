@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import tempfile
 import urllib.error
@@ -47,8 +48,12 @@ def pull_style(style: KnownStyle, models_dir: Path, *, base_url: str | None = No
                         out.write(chunk)
                         received += len(chunk)
                         on_chunk(len(chunk))
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                reason = getattr(exc, "reason", exc)
+            except urllib.error.HTTPError as exc:
+                exc.close()  # an HTTPError is an open response
+                raise DownloadError(f"could not download {url}: HTTP {exc.code} {exc.reason}; "
+                                    f"the server does not offer {style.name}.pt") from None
+            except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+                reason = getattr(exc, "reason", None) or exc.__class__.__name__
                 raise DownloadError(f"could not download {url}: {reason}; check the network "
                                     "or set ANIMEGAN_WEIGHTS_BASE_URL to a mirror") from exc
             if total is not None and received != total:

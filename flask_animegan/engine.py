@@ -30,7 +30,9 @@ from .weights import WeightsError, find_style_files, load_generator
 
 #: Smallest side the network accepts; smaller inputs are edge-padded, then cropped back.
 MIN_SIDE = 16
-PREFERRED_DEFAULT = "paprika"
+#: Without ANIMEGAN_DEFAULT_STYLE the first installed of these is the default (else the
+#: first installed style alphabetically): an official style beats the shipped demo.
+PREFERRED_DEFAULTS = ("paprika", "face_paint_512_v2", "toon_demo")
 
 
 def _mtime(path: Path) -> float | None:
@@ -99,8 +101,9 @@ class InferenceEngine:
     def default_style(self) -> str | None:
         if self._requested_default:
             return self._requested_default
-        if PREFERRED_DEFAULT in self._styles:
-            return PREFERRED_DEFAULT
+        for name in PREFERRED_DEFAULTS:
+            if name in self._styles:
+                return name
         return next(iter(sorted(self._styles)), None)
 
     def style(self, name: str | None) -> Style:

@@ -157,7 +157,7 @@ def extra(name: str, url: str, sha1: str, **more: object) -> dict[str, dict[str,
 class Outcome:
     exit_code: int
     output: str
-    exception: BaseException | None
+    uncaught: str | None  # repr of an exception that escaped click's error handling
     resource_warnings: list[str]
 
 
@@ -171,11 +171,10 @@ def pull_outcome(pull: Callable[..., Result], *args: str, **config: object) -> O
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         result = pull(*args, **config)
-        exception = result.exception
-        outcome = Outcome(result.exit_code, result.output, None, [])
-        del result
-        outcome.exception = exception if not isinstance(exception, SystemExit) else None
-        del exception
+        escaped = result.exception
+        uncaught = None if escaped is None or isinstance(escaped, SystemExit) else repr(escaped)
+        outcome = Outcome(result.exit_code, result.output, uncaught, [])
+        del result, escaped
         gc.collect()
     outcome.resource_warnings = [str(w.message) for w in caught
                                  if issubclass(w.category, ResourceWarning)]
@@ -185,7 +184,7 @@ def pull_outcome(pull: Callable[..., Result], *args: str, **config: object) -> O
 def assert_clean_failure(outcome: Outcome, *, leak_free: bool = True) -> None:
     """Non-zero exit through click's error path (not a traceback), no socket left open."""
     assert outcome.exit_code != 0, outcome.output
-    assert outcome.exception is None, f"uncaught {outcome.exception!r}; output: {outcome.output}"
+    assert outcome.uncaught is None, f"uncaught {outcome.uncaught}; output: {outcome.output}"
     assert "\nError: " in f"\n{outcome.output}", outcome.output
     if leak_free:
         assert outcome.resource_warnings == []
@@ -279,7 +278,8 @@ def test_truncated_download_installs_nothing(pull: Callable[..., Result], server
     half = weights_bytes[: len(weights_bytes) // 2]
     url = server.serve("/short.pt", half, content_length=len(weights_bytes))
     # the pin is the full file's, so only the truncation check can explain the failure
-    result = pull_outcome(pull, "short", ANIMEGAN_EXTRA_STYLES=extra("short", url, blob_sha1(weights_bytes)))
+    result = pull_outcome(pull, "short",
+                          ANIMEGAN_EXTRA_STYLES=extra("short", url, blob_sha1(weights_bytes)))
     assert server.requests == ["/short.pt"]
     assert_clean_failure(result)
     assert "truncated" in result.output
@@ -290,7 +290,8 @@ def test_truncated_download_installs_nothing(pull: Callable[..., Result], server
 def test_network_error_installs_nothing(pull: Callable[..., Result], folder: Path,
                                         weights_bytes: bytes) -> None:
     url = f"http://127.0.0.1:{free_port()}/nobody-listens.pt"
-    result = pull_outcome(pull, "gone", ANIMEGAN_EXTRA_STYLES=extra("gone", url, blob_sha1(weights_bytes)))
+    result = pull_outcome(pull, "gone",
+                          ANIMEGAN_EXTRA_STYLES=extra("gone", url, blob_sha1(weights_bytes)))
     assert_clean_failure(result)
     assert f"could not download {url}" in result.output
     assert "refused" in result.output.lower()
@@ -304,15 +305,12 @@ def test_http_404_installs_nothing(pull: Callable[..., Result], server: WeightsS
     result = pull_outcome(pull, "missing",
                           ANIMEGAN_EXTRA_STYLES=extra("missing", url, blob_sha1(weights_bytes)))
     assert server.requests == ["/missing.pt"]
-    assert_clean_failure(result, leak_free=False)  # see test_http_error_response_is_closed
+    assert_clean_failure(result)
     assert f"could not download {url}" in result.output
     assert "Not Found" in result.output
     assert list(folder.iterdir()) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "download.py: the urllib HTTPError (an open response) is never closed, so a 404 "
-    "leaks its socket (ResourceWarning under gc)"))
 def test_http_error_response_is_closed(pull: Callable[..., Result], server: WeightsServer,
                                        weights_bytes: bytes) -> None:
     url = server.base + "/missing.pt"
@@ -322,9 +320,6 @@ def test_http_error_response_is_closed(pull: Callable[..., Result], server: Weig
     assert result.resource_warnings == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "download.py catches URLError/OSError/ValueError but not http.client.HTTPException "
-    "(BadStatusLine, IncompleteRead), so these end in a traceback, not a clean error"))
 @pytest.mark.parametrize("reply", ["bad-status-line", "truncated-chunked"])
 def test_malformed_http_reply_is_a_clean_error(pull: Callable[..., Result],
                                                server: WeightsServer, folder: Path,
@@ -348,7 +343,8 @@ def test_unknown_style_lists_the_pullable_ones(pull: Callable[..., Result],
                                                server: WeightsServer, folder: Path,
                                                weights_bytes: bytes, name: str) -> None:
     url = server.serve("/mystyle.pt", weights_bytes)
-    result = pull_outcome(pull, name, ANIMEGAN_EXTRA_STYLES=extra("mystyle", url, blob_sha1(weights_bytes)))
+    result = pull_outcome(pull, name,
+                          ANIMEGAN_EXTRA_STYLES=extra("mystyle", url, blob_sha1(weights_bytes)))
     assert_clean_failure(result)
     assert f"unknown style {name!r}" in result.output
     pullable = result.output.split("pullable styles:", 1)[1]
