@@ -72,6 +72,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ANIMEGAN_TORCH_THREADS", None,
             "torch intra-op threads; unset uses the CPUs this process may run on "
             "(`os.sched_getaffinity`).", int),
+    Setting("ANIMEGAN_PRECISION", "auto",
+            "Inference precision: `auto` (bf16 on CPUs with native bf16, else fp32), "
+            "`fp32` or `bf16`.", str),
     Setting("ANIMEGAN_MAX_QUEUE", 2,
             "Conversions allowed to wait while one runs; more get 503 with Retry-After. "
             "Keep it below the server's thread count so the 503 can be sent.", int),
@@ -97,6 +100,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
 OUTPUT_FORMATS = ("jpeg", "png", "webp")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -157,6 +161,9 @@ def validate(config: Mapping[str, Any]) -> None:
             f"ANIMEGAN_OUTPUT_FORMAT={config['ANIMEGAN_OUTPUT_FORMAT']!r} is not one of "
             f"{', '.join(OUTPUT_FORMATS)}"
         )
+    if config["ANIMEGAN_PRECISION"] not in PRECISIONS:
+        raise ValueError(f"ANIMEGAN_PRECISION={config['ANIMEGAN_PRECISION']!r} is not one of "
+                         f"{', '.join(PRECISIONS)}")
     if not str(config["ANIMEGAN_URL_PREFIX"]).startswith("/"):
         raise ValueError("ANIMEGAN_URL_PREFIX must start with '/', e.g. '/animegan'")
     threads = config.get("ANIMEGAN_TORCH_THREADS")

@@ -42,6 +42,23 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX) and oneDNN can use it."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return (("avx512_bf16" in flags or "amx_bf16" in flags)
+            and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+
+
+def choose_precision(setting: str) -> str:
+    """``auto`` -> ``bf16`` on CPUs with native bf16, else ``fp32``; explicit values pass."""
+    if setting == "auto":
+        return "bf16" if native_bf16() else "fp32"
+    return setting
+
+
 def configure_torch_threads(threads: int) -> None:
     """Cap torch's intra-op threads to ``threads`` and inter-op threads to 1."""
     torch.set_num_threads(threads)
@@ -63,8 +80,10 @@ class InferenceEngine:
 
     def __init__(self, models_dir: Path, *, catalog: dict[str, KnownStyle],
                  default_style: str | None = None, max_loaded: int = 3, max_queue: int = 4,
-                 queue_timeout: float = 60.0) -> None:
+                 queue_timeout: float = 60.0, precision: str = "fp32") -> None:
         self.models_dir = models_dir
+        self.precision = precision
+        self.dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.catalog = catalog
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
@@ -138,7 +157,7 @@ class InferenceEngine:
                 if failed and failed[1] == _mtime(style.path):
                     raise StyleUnavailable(f"style {style.name!r} cannot be loaded: {failed[0]}")
                 try:
-                    model = load_generator(style.path)
+                    model = self._prepare(load_generator(style.path))
                 except WeightsError as exc:
                     self._broken[style.name] = (str(exc), _mtime(style.path))
                     raise StyleUnavailable(f"style {style.name!r} cannot be loaded: {exc}") from exc
@@ -193,16 +212,23 @@ class InferenceEngine:
         self._seconds_per_inference = 0.8 * self._seconds_per_inference + 0.2 * per_megapixel
         return imaging.to_image(out)
 
-    @staticmethod
-    def forward(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        """Run the network, edge-padding inputs smaller than MIN_SIDE and cropping back."""
+    def _prepare(self, model: nn.Module) -> nn.Module:
+        """Channels-last layout (oneDNN's fast path) in the engine's dtype."""
+        return model.to(dtype=self.dtype, memory_format=torch.channels_last)
+
+    def forward(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        """Run the network, edge-padding inputs smaller than MIN_SIDE and cropping back.
+
+        Returns float32 (1, 3, H, W) in about [-1, 1].
+        """
         height, width = batch.shape[-2:]
         pad_h, pad_w = max(0, MIN_SIDE - height), max(0, MIN_SIDE - width)
         if pad_h or pad_w:
             batch = F.pad(batch, (0, pad_w, 0, pad_h), mode="replicate")
+        batch = batch.to(self.dtype).contiguous(memory_format=torch.channels_last)
         with torch.inference_mode():
             out = model(batch)
-        return out[..., :height, :width]
+        return out[..., :height, :width].float()
 
     def warm_up(self, side: int) -> None:
         """One inference on the default style so the first real request is not slow."""
@@ -223,6 +249,7 @@ class InferenceEngine:
             "broken": {name: message for name, (message, _) in self._broken.items()},
             "torch_threads": torch.get_num_threads(),
             "torch_interop_threads": torch.get_num_interop_threads(),
+            "precision": self.precision,
             "in_flight": in_flight,
             "queued": max(0, pending - in_flight),
             "max_queue": self.max_queue,

@@ -13,7 +13,7 @@ from flask_limiter.util import get_remote_address
 from . import config as settings
 from .cache import NearDuplicateCache, ResultStore
 from .catalog import known_styles
-from .engine import InferenceEngine, configure_torch_threads
+from .engine import InferenceEngine, choose_precision, configure_torch_threads
 from .service import AnimeGANService, get_service
 from .views import LIMITED_ENDPOINTS, blueprint
 
@@ -58,6 +58,7 @@ class AnimeGAN:
             default_style=cfg["ANIMEGAN_DEFAULT_STYLE"] or None,
             max_loaded=cfg["ANIMEGAN_MAX_LOADED_STYLES"], max_queue=cfg["ANIMEGAN_MAX_QUEUE"],
             queue_timeout=cfg["ANIMEGAN_QUEUE_TIMEOUT"],
+            precision=choose_precision(cfg["ANIMEGAN_PRECISION"]),
         )
         started = time.perf_counter()
         model, problem = engine.load_default()
@@ -68,8 +69,8 @@ class AnimeGAN:
             app.logger.warning("flask_animegan: the default style is not usable, conversions "
                                "will answer 503: %s", problem)
         else:
-            app.logger.info("flask_animegan: style %r loaded and warmed up in %.2f s",
-                            engine.default_style, time.perf_counter() - started)
+            app.logger.info("flask_animegan: style %r loaded (%s) and warmed up in %.2f s",
+                            engine.default_style, engine.precision, time.perf_counter() - started)
 
         ttl = cfg["ANIMEGAN_CACHE_TTL"]
         cache = NearDuplicateCache(
