@@ -16,6 +16,7 @@ import imagehash
 import numpy as np
 from cachetools import TTLCache
 from PIL import Image
+from scipy.ndimage import uniform_filter
 
 from .errors import ImageTooLarge
 
@@ -48,16 +49,17 @@ class Fingerprint:
     def same_colors(self, other: Fingerprint, tolerance: float) -> bool:
         """Whether the colour thumbnails match within ``tolerance`` (0-255 levels).
 
-        Re-encoding or resizing a photo adds small differences that average out;
-        editing it (brightness, hue, recolouring) shifts colours systematically or
-        changes some regions a lot. So: the mean absolute difference must be at most
-        ``tolerance``, each channel's mean signed shift at most a third of it, and no
-        thumbnail cell may differ by more than seven times it.
+        Re-encoding or resizing a photo adds small, high-frequency differences; editing
+        it (brightness, hue, recolouring) shifts colours systematically or changes whole
+        regions. So the difference map is first smoothed over 3x3 cells (which removes
+        resampling noise but keeps regional changes), then: its mean absolute value must
+        be at most ``tolerance``, each channel's mean signed shift at most a third of it,
+        and no cell may differ by more than five times it.
         """
-        diff = self.thumbnail - other.thumbnail
+        diff = uniform_filter(self.thumbnail - other.thumbnail, size=(3, 3, 1), mode="nearest")
         return bool(np.abs(diff).mean() <= tolerance
                     and np.abs(diff.reshape(-1, 3).mean(axis=0)).max() <= tolerance / 3
-                    and np.abs(diff).max() <= tolerance * 7)
+                    and np.abs(diff).max() <= tolerance * 5)
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class NearDuplicateCache:
     """
 
     def __init__(self, *, max_bytes: int, ttl: float, hash_size: int = 16,
-                 max_distance: int = 6, color_tolerance: float = 1.2,
+                 max_distance: int = 6, color_tolerance: float = 0.9,
                  timer: Any = time.monotonic) -> None:
         self.enabled = ttl > 0 and max_bytes > 0
         self.hash_size = hash_size

@@ -52,6 +52,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ANIMEGAN_RATELIMIT_STORAGE_URI", "memory://",
             "flask-limiter storage; `memory://` counts per process, use `redis://...` to "
             "share counts between workers and hosts.", str),
+    Setting("ANIMEGAN_TRUSTED_PROXIES", 0,
+            "Reverse proxies in front of the app that append to X-Forwarded-For; the rate "
+            "limit keys on the address the outermost trusted one saw. 0: ignore the header.",
+            int),
     Setting("ANIMEGAN_CACHE_TTL", 3600,
             "Seconds a cached result lives; 0 disables the cache.", int),
     Setting("ANIMEGAN_CACHE_MAX_BYTES", 64 * 1024 * 1024,
@@ -61,10 +65,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ANIMEGAN_PHASH_MAX_DISTANCE", 6,
             "Largest Hamming distance between two perceptual hashes that may share a "
             "result (the colour-thumbnail check must pass too).", int),
-    Setting("ANIMEGAN_COLOR_TOLERANCE", 1.2,
-            "Largest mean absolute difference (0-255 levels) between the 16x16 colour "
-            "thumbnails of two inputs that may share a result (systematic shifts must "
-            "stay under a third of it).", float),
+    Setting("ANIMEGAN_COLOR_TOLERANCE", 0.9,
+            "Largest mean absolute difference (0-255 levels, after 3x3 smoothing) between "
+            "the 16x16 colour thumbnails of two inputs that may share a result; systematic "
+            "shifts must stay under a third of it.", float),
     Setting("ANIMEGAN_RESULT_TTL", 3600,
             "Seconds the result page of a form upload (and its images) stays available.", int),
     Setting("ANIMEGAN_RESULT_MAX_BYTES", 64 * 1024 * 1024,
@@ -151,7 +155,7 @@ def validate(config: Mapping[str, Any]) -> None:
                  "ANIMEGAN_PHASH_SIZE", "ANIMEGAN_MAX_LOADED_STYLES", "ANIMEGAN_QUEUE_TIMEOUT",
                  "ANIMEGAN_RESULT_TTL", "ANIMEGAN_RESULT_MAX_BYTES"):
         positive(name)
-    for name in ("ANIMEGAN_CACHE_TTL", "ANIMEGAN_CACHE_MAX_BYTES", "ANIMEGAN_PHASH_MAX_DISTANCE",
+    for name in ("ANIMEGAN_TRUSTED_PROXIES", "ANIMEGAN_CACHE_TTL", "ANIMEGAN_CACHE_MAX_BYTES", "ANIMEGAN_PHASH_MAX_DISTANCE",
                  "ANIMEGAN_COLOR_TOLERANCE", "ANIMEGAN_MAX_QUEUE", "ANIMEGAN_WARMUP_SIZE"):
         positive(name, allow_zero=True)
     if config["ANIMEGAN_MAX_SIDE"] < 16:

@@ -6,9 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flask import Flask
+from flask import Flask, current_app, request
 from flask_limiter import Limiter
-from flask_limiter.util import get_remote_address
 
 from . import config as settings
 from .cache import NearDuplicateCache, ResultStore
@@ -18,6 +17,22 @@ from .service import AnimeGANService, get_service
 from .views import LIMITED_ENDPOINTS, blueprint
 
 EXTENSION_KEY = "animegan"
+
+
+def client_address() -> str:
+    """The client's address for rate limiting.
+
+    ``X-Forwarded-For`` is used only with ``ANIMEGAN_TRUSTED_PROXIES`` = N > 0, and then
+    only the address the outermost of those N proxies saw (as Werkzeug's ProxyFix does),
+    so a client cannot pick its own identity by sending the header.
+    """
+    hops = current_app.config.get("ANIMEGAN_TRUSTED_PROXIES") or 0
+    if hops:
+        chain = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",")]
+        chain = [part for part in chain if part]
+        if len(chain) >= hops:
+            return chain[-hops]
+    return request.remote_addr or "unknown"
 
 
 class AnimeGAN:
@@ -96,7 +111,7 @@ class AnimeGAN:
         for existing in app.extensions.get("limiter", ()):
             if isinstance(existing, Limiter):
                 return existing
-        return Limiter(get_remote_address, app=app, headers_enabled=True,
+        return Limiter(client_address, app=app, headers_enabled=True,
                        storage_uri=app.config["ANIMEGAN_RATELIMIT_STORAGE_URI"])
 
     @staticmethod

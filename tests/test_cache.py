@@ -60,12 +60,28 @@ def make_cache(**options) -> NearDuplicateCache:
     return NearDuplicateCache(max_bytes=10**8, ttl=3600, **options)
 
 
+CROPS = {  # crops of a photo are different photos (and must not get its result)
+    "astronaut-face": ("astronaut", (150, 20, 350, 220)),
+    "coffee-cup": ("coffee", (150, 20, 450, 320)),
+    "retina-centre": ("retina", (300, 300, 1100, 1100)),
+    "rocket-top": ("rocket", (0, 0, 640, 300)),
+}
+DISTINCT = PHOTOS + tuple(CROPS)
+
+
+def distinct_photo(name: str) -> Image.Image:
+    if name in CROPS:
+        source, box = CROPS[name]
+        return photo(source).crop(box)
+    return photo(name)
+
+
 @pytest.fixture(scope="module")
 def filled_cache():
-    """A cache holding one entry per photo, keyed by the photo's name as its result."""
+    """A cache holding one entry per distinct photo, with the photo's name as its result."""
     cache = make_cache()
-    for name in PHOTOS:
-        image = fitted(photo(name))
+    for name in DISTINCT:
+        image = fitted(distinct_photo(name))
         cache.put(("style", SIDE, "jpeg"), cache.fingerprint(image), name.encode(), image.size)
     return cache
 
@@ -76,20 +92,45 @@ def lookup(cache: NearDuplicateCache, image: Image.Image) -> bytes | None:
     return found.data if found else None
 
 
-@pytest.mark.parametrize("name", PHOTOS)
-def test_each_photo_and_its_re_encodes_and_resizes_hit_its_own_result(filled_cache, name):
-    original = photo(name)
-    assert lookup(filled_cache, original) == name.encode()
-    for label, change in SAME_PHOTO.items():
-        assert lookup(filled_cache, change(original)) == name.encode(), label
+@pytest.fixture(scope="module")
+def privacy_matrix(filled_cache):
+    """Look up every variant of every distinct photo: (photo, change, expected, got)."""
+    rows = []
+    for name in DISTINCT:
+        original = distinct_photo(name)
+        colour = name in COLOR_PHOTOS or CROPS.get(name, ("",))[0] in COLOR_PHOTOS
+        rows.append((name, "same file", name.encode(), lookup(filled_cache, original)))
+        for label, change in SAME_PHOTO.items():
+            rows.append((name, label, name.encode(), lookup(filled_cache, change(original))))
+        for label, change in dict(OTHER_PHOTO, **(HUE_SHIFTS if colour else {})).items():
+            rows.append((name, label, None, lookup(filled_cache, change(original))))
+    return rows
 
 
-@pytest.mark.parametrize("name", PHOTOS)
-def test_edited_copies_never_get_the_original_result(filled_cache, name):
-    original = photo(name)
-    changes = dict(OTHER_PHOTO, **(HUE_SHIFTS if name in COLOR_PHOTOS else {}))
-    for label, change in changes.items():
-        assert lookup(filled_cache, change(original)) is None, label
+def test_no_photo_ever_gets_another_photos_result(privacy_matrix):
+    """Edited copies (mirror, flip, invert, brightness, hue, crop) and other photos: zero hits."""
+    false_hits = [(n, label, got) for n, label, expected, got in privacy_matrix
+                  if got is not None and got != expected]
+    negatives = sum(1 for row in privacy_matrix if row[2] is None)
+    print(f"\nfalse hits: {len(false_hits)} of {negatives} edited copies "
+          f"(over {len(DISTINCT)} distinct photos)")
+    assert negatives >= 150 and len(DISTINCT) >= 20
+    assert false_hits == []
+
+
+def test_re_encodes_and_small_resizes_hit(privacy_matrix):
+    """JPEG q70-95 re-encodes and +-5 % resizes of the same photo share its result.
+
+    A few of them on near-black or finely textured photos differ from the original
+    as much as a slight edit would, and miss on purpose: privacy wins over hit rate.
+    """
+    positives = [row for row in privacy_matrix if row[2] is not None]
+    misses = [(n, label) for n, label, expected, got in positives if got != expected]
+    rate = 1 - len(misses) / len(positives)
+    print(f"\ntrue hits: {len(positives) - len(misses)} of {len(positives)} ({rate:.1%}); "
+          f"missed: {misses}")
+    assert all(got == expected for _, label, expected, got in positives if label == "same file")
+    assert rate >= 0.95
 
 
 def test_namespace_separates_style_size_and_format():

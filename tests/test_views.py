@@ -315,3 +315,17 @@ def test_healthz_reports_threads_queue_and_cache(make_app):
         assert client.get("/animegan/healthz").json["cache"]["entries"] == 1
     finally:
         torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+
+def test_x_forwarded_for_is_used_only_behind_configured_proxies(make_app):
+    client = make_app(ANIMEGAN_RATE_LIMIT="1 per minute", ANIMEGAN_TRUSTED_PROXIES=1).test_client()
+    data = photo_bytes("coffee")
+
+    def send(chain: str) -> int:
+        return convert(client, data, headers={"X-Forwarded-For": chain}).status_code
+
+    assert send("1.1.1.1") == 200
+    assert send("1.1.1.1") == 429  # the same client
+    assert send("2.2.2.2") == 200  # another client behind the same proxy
+    # a client forging the header cannot escape: the proxy appends what it saw
+    assert send("9.9.9.9, 2.2.2.2") == 429

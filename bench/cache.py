@@ -1,0 +1,54 @@
+"""Section 5: what a cache hit costs against a miss, through ours with the cache on."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, ImageOps
+
+from . import servers
+from .clients import post_photo
+from .inputs import Weights, jpeg
+from .service import ours_env
+from .timing import median, ratio
+
+#: Same-sized variants of the photo that the cache must not confuse with each other,
+#: so every miss runs the same network shape (no first-shape cost in a miss).
+VARIANTS = (lambda im: im, ImageOps.mirror, ImageOps.flip, lambda im: im.rotate(180),
+            ImageOps.invert)
+
+
+def timed_post(url: str, data: bytes) -> tuple[float, str]:
+    """Seconds for one conversion and its X-Cache header; raise on a non-200 answer."""
+    started = time.perf_counter()
+    response = post_photo(url, data, timeout=600)
+    seconds = time.perf_counter() - started
+    if response.status_code != 200:
+        raise RuntimeError(f"cache run: HTTP {response.status_code}: {response.text[:300]}")
+    return seconds, response.headers.get("X-Cache", "")
+
+
+def measure(weights: Weights, image: Image.Image, *, size: int, repeats: int,
+            log_dir: Path) -> dict[str, Any]:
+    """Per variant: a miss (JPEG q90), then a hit (the same photo re-encoded at q85)."""
+    env = ours_env(weights, ANIMEGAN_CACHE_TTL="3600")
+    misses, hits, headers = [], [], []
+    with servers.ours("ours-cache", env, log_dir) as server:
+        url = f"{server.url}/animegan/convert?size={size}"
+        timed_post(url, jpeg(VARIANTS[-1](image), 90))  # warm-up for this shape
+        for variant in VARIANTS[:repeats]:
+            photo = variant(image)
+            miss_s, miss_header = timed_post(url, jpeg(photo, 90))
+            hit_s, hit_header = timed_post(url, jpeg(photo, 85))
+            misses.append(miss_s)
+            hits.append(hit_s)
+            headers.append((miss_header, hit_header))
+        stats = server.health()["cache"]
+    return {
+        "size": size, "repeats": len(misses), "miss_s": median(misses), "hit_s": median(hits),
+        "hit_vs_miss": ratio(median(hits), median(misses)),
+        "misses_confirmed": sum(m == "MISS" for m, _ in headers),
+        "hits_confirmed": sum(h == "HIT" for _, h in headers), "server_stats": stats,
+    }

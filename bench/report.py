@@ -1,0 +1,160 @@
+"""The printed report: one markdown table per section, then the targets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def num(value: Any, digits: int = 2) -> str:
+    """A number for a table cell; '-' for a missing one."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f} %"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A markdown table with columns padded to line up in a terminal."""
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def _error(section: dict[str, Any]) -> str | None:
+    return f"FAILED: {section['error']}" if "error" in section else None
+
+
+def machine(results: dict[str, Any]) -> str:
+    m, w, c = results["machine"], results["weights"], results.get("ceilings", {})
+    lines = [f"## Machine\n{m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch']}, "
+             f"native bf16: {m['native_bf16']}, ANIMEGAN_PRECISION=auto -> {m['precision_auto']}",
+             f"weights: {w['source']}"]
+    if _error(c):
+        return "\n".join(lines + [_error(c)])
+    lines.append("\n## 1. Matmul ceilings "
+                 f"({c['matmul_n']}x{c['matmul_n']} @ {c['matmul_n']}x{c['matmul_n']}, best of {c['runs']})")
+    lines.append(table(["dtype", "GFLOP/s"], [["fp32", num(c["fp32_gflops"], 1)],
+                                              ["bf16", num(c["bf16_gflops"], 1)]]))
+    return "\n".join(lines)
+
+
+def model(results: dict[str, Any]) -> str:
+    section = results["model"]
+    head = "## 2. Model compute (median seconds per image; square inputs)"
+    if _error(section):
+        return f"{head}\n{_error(section)}"
+    rows = [[r["size"], r["mode"], num(section["gflop"][str(r["size"])]), num(r["seconds"], 3),
+             r["runs"], num(r["gflops"], 1), pct(r["ceiling_fraction"]),
+             num(r["speedup_vs_fp32_nchw"]) + "x"] for r in section["results"]]
+    return f"{head}\n" + table(["size", "mode", "GFLOP", "s", "runs", "GFLOP/s", "of ceiling",
+                                "vs fp32-nchw"], rows)
+
+
+def stages(results: dict[str, Any]) -> str:
+    section = results["stages"]
+    head = "## 3. Stages: 1080x1350 JPEG to"
+    if _error(section):
+        return f"{head} anime\n{_error(section)}"
+    head += (f" {section['size']} long side ({section['output_size'][0]}x{section['output_size'][1]}),"
+             f" {section['precision']}, median of {section['runs']}")
+    rows = [[stage, num(ms), pct(section["share"][stage])]
+            for stage, ms in section["stages_ms"].items()]
+    rows.append(["total", num(section["total_ms"]), ""])
+    rows.append(["non-inference", num(section["total_ms"] - section["stages_ms"]["inference"]),
+                 pct(section["non_inference_share"])])
+    encode = [[fmt, num(e["ms"]), e["bytes"]] for fmt, e in section["encode"].items()]
+    return (f"{head}\n" + table(["stage", "ms", "share"], rows)
+            + f"\n\nEncode cost of the result (quality {section['encode_quality']}):\n"
+            + table(["format", "ms", "bytes"], encode))
+
+
+def service(results: dict[str, Any]) -> str:
+    section = results["service"]
+    parts = [f"## 4. Service through gunicorn ({section.get('size')} long side, cache and rate "
+             "limit off)"]
+    rows = []
+    for name, server in section.get("servers", {}).items():
+        if _error(server):
+            rows.append([name, "", "", _error(server)[:60], "", "", "", "", "", ""])
+            continue
+        for run in server["runs"]:
+            lat = run["latency_s"]
+            statuses = " ".join(f"{k}:{v}" for k, v in run["statuses"].items())
+            rows.append([name, run["clients"], f"{run['ok']}/{run['conversions']}", statuses,
+                         run["retries_503"], num(run["throughput_per_s"], 3), num(lat["p50"]),
+                         num(lat["p95"]), num(lat["p99"]), num(run["cpu_s_per_image"])])
+    parts.append(table(["server", "clients", "ok", "statuses", "503 retried", "conv/s",
+                        "p50 s", "p95 s", "p99 s", "CPU s/img"], rows))
+    for name, server in section.get("servers", {}).items():
+        if "error" not in server:
+            parts.append(f"- {name}: `{server['command']}`; ready after {num(server['startup_s'], 1)} s;"
+                         f" first request {num(server['first_request']['seconds'])} s "
+                         f"(HTTP {server['first_request']['status']})")
+    overload = section.get("overload", {})
+    if _error(overload):
+        parts.append(f"- overload: {_error(overload)}")
+    elif overload:
+        parts.append(f"- overload (ANIMEGAN_MAX_QUEUE={overload['settings']['ANIMEGAN_MAX_QUEUE']}, "
+                     f"{overload['clients']} clients at once, one request each): "
+                     f"{overload['status_200']} x 200, {overload['status_503']} x 503; "
+                     f"slowest 503 {num(overload['max_503_s'])} s, slowest 200 "
+                     f"{num(overload['max_200_s'])} s")
+    r = section.get("ratios", {})
+    if r:
+        parts.append(f"- at {r['clients']} clients: ours/original {num(r['throughput_vs_original'])}x, "
+                     f"ours/optimized {num(r['throughput_vs_optimized'])}x, "
+                     f"ours x model time {num(r['throughput_x_model_s'])}, "
+                     f"ours x inference time of this photo {num(r['throughput_x_photo_inference_s'])}")
+    return "\n".join(parts)
+
+
+def cache(results: dict[str, Any]) -> str:
+    section = results["cache"]
+    head = "## 5. Cache (ours, cache on)"
+    if _error(section):
+        return f"{head}\n{_error(section)}"
+    return (f"{head}\n" + table(["", "median s"], [["miss (JPEG q90)", num(section["miss_s"], 3)],
+                                                  ["hit (same photo, q85)", num(section["hit_s"], 3)]])
+            + f"\nhit/miss {num(section['hit_vs_miss'], 3)}; confirmed by X-Cache: "
+              f"{section['misses_confirmed']}/{section['repeats']} MISS, "
+              f"{section['hits_confirmed']}/{section['repeats']} HIT")
+
+
+def memory(results: dict[str, Any]) -> str:
+    section = results["memory"]
+    head = "## 6. Memory of ours' worker"
+    if _error(section):
+        return f"{head}\n{_error(section)}"
+    rows = [
+        ["after startup (VmRSS)", num(section["rss_at_start_mib"], 1)],
+        [f"peak after {section['large_requests']} x {section['max_side']}px (VmHWM)",
+         num(section["peak_rss_mib"], 1)],
+        ["current after those (VmRSS)", num(section["rss_after_large_mib"], 1)],
+        [f"after warm-up of {section['warmup_requests']} small", num(section["rss_before_mib"], 1)],
+        [f"after {section['requests']} more small", num(section["rss_after_mib"], 1)],
+    ]
+    return (f"{head}\n" + table(["", "MiB"], rows)
+            + f"\ngrowth {num(section['rss_growth_pct'])} %; statuses {section['small_statuses']}")
+
+
+def targets(results: dict[str, Any]) -> str:
+    rows = [[t["target"], t["goal"], num(t["measured"], 3),
+             {True: "pass", False: "MISS", None: "n/a"}[t["pass"]]] for t in results["targets"]]
+    return "## Targets\n" + table(["target", "goal", "measured", "result"], rows)
+
+
+def render(results: dict[str, Any]) -> str:
+    """The whole report as text."""
+    blocks = [f"# flask-animegan benchmark{' (--quick: smoke sizes, not the real figures)' if results['quick'] else ''}"]
+    for part in (machine, model, stages, service, cache, memory, targets):
+        blocks.append(part(results))
+    blocks.append(f"Took {results['duration_s']:.0f} s.")
+    return "\n\n".join(blocks)

@@ -1,0 +1,72 @@
+"""The issue's targets, each checked against this run's figures (reported, never gated on)."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+AT_MOST, AT_LEAST, BELOW = "≤", "≥", "<"
+_COMPARE: dict[str, Callable[[float, float], bool]] = {
+    AT_MOST: operator.le, AT_LEAST: operator.ge, BELOW: operator.lt}
+
+
+def _model_fraction(results: dict[str, Any], size: int, mode: str) -> float | None:
+    for row in results.get("model", {}).get("results", ()):
+        if row["size"] == size and row["mode"] == mode:
+            return row["ceiling_fraction"]
+    return None
+
+
+def _get(results: dict[str, Any], *keys: str) -> Any:
+    """results[k1][k2]..., or None where any level is missing."""
+    value: Any = results
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def check(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per target: what it asks, the goal, the measured value and pass/miss."""
+    sizes = results.get("model", {}).get("sizes") or [0]
+    large = 512 if 512 in sizes else max(sizes)
+    small = 256 if 256 in sizes else min(sizes)
+    top = _get(results, "service", "ratios", "clients")
+    queue = _get(results, "service", "overload", "settings", "ANIMEGAN_MAX_QUEUE")
+    rows: list[tuple[str, str, float, Any]] = [
+        (f"model fp32 (channels_last) at {large}px, fraction of fp32 ceiling", AT_LEAST, 0.70,
+         _model_fraction(results, large, "fp32")),
+    ]
+    if _get(results, "machine", "native_bf16"):
+        rows += [
+            (f"model bf16 at {large}px, fraction of bf16 ceiling", AT_LEAST, 0.75,
+             _model_fraction(results, large, "bf16")),
+            (f"model bf16 at {small}px, fraction of bf16 ceiling", AT_LEAST, 0.85,
+             _model_fraction(results, small, "bf16")),
+        ]
+    rows += [
+        ("1080x1350 JPEG end to end: non-inference share", AT_MOST, 0.10,
+         _get(results, "stages", "non_inference_share")),
+        (f"throughput at {top} clients x model time (vs 1/model time)", AT_LEAST, 0.9,
+         _get(results, "service", "ratios", "throughput_x_model_s")),
+        (f"throughput at {top} clients vs baseline (a) original", AT_LEAST, 4.0,
+         _get(results, "service", "ratios", "throughput_vs_original")),
+        (f"throughput at {top} clients vs baseline (b) optimized", AT_LEAST, 2.5,
+         _get(results, "service", "ratios", "throughput_vs_optimized")),
+        ("first request after startup vs steady single-client p50", AT_MOST, 1.5,
+         _get(results, "service", "ratios", "first_vs_steady")),
+        (f"worker CPU s per image, {top} clients vs 1 (no oversubscription, ≈ 1)", AT_MOST, 1.10,
+         _get(results, "service", "ratios", "cpu_per_image_top_vs_single")),
+        ("overload: slowest 503 vs single-client p50 (prompt)", AT_MOST, 1.0,
+         _get(results, "service", "ratios", "overload_max_503_vs_single")),
+        (f"overload: slowest 200 vs (1 + queue {queue}) x single-client p50", AT_MOST, 1.0,
+         _get(results, "service", "ratios", "overload_max_200_vs_queue_bound")),
+        ("cache hit vs miss latency", AT_MOST, 0.05, _get(results, "cache", "hit_vs_miss")),
+        (f"RSS growth over {_get(results, 'memory', 'requests')} requests, %", BELOW, 5.0,
+         _get(results, "memory", "rss_growth_pct")),
+    ]
+    return [{"target": name, "goal": f"{sign} {goal:g}", "measured": value,
+             "pass": None if value is None else _COMPARE[sign](value, goal)}
+            for name, sign, goal, value in rows]
