@@ -31,7 +31,7 @@ def cpu_model() -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU, CPU count, library versions and the precision ``auto`` picks here."""
+    """CPU, CPU count, library versions, the precision ``auto`` picks here, and the load."""
     import torchvision
 
     return {
@@ -44,6 +44,8 @@ def machine_info() -> dict[str, Any]:
         "torchvision": torchvision.__version__,
         "python": platform.python_version(),
         "torch_threads": torch.get_num_threads(),
+        # another busy process makes every figure pessimistic (OpenMP threads spin-wait)
+        "load_average_1m_at_start": os.getloadavg()[0],
     }
 
 

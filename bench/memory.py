@@ -52,6 +52,7 @@ def measure(weights: Weights, data: bytes, plan: Plan, log_dir: Path) -> dict[st
 
 
 def _merge(*counts: dict[str, int]) -> dict[str, int]:
+    """Add up counts by status."""
     merged: dict[str, int] = {}
     for count in counts:
         for status, n in count.items():

@@ -16,6 +16,7 @@ def num(value: Any, digits: int = 2) -> str:
 
 
 def pct(value: float | None) -> str:
+    """A fraction as a percentage for a table cell."""
     return "-" if value is None else f"{value * 100:.1f} %"
 
 
@@ -29,14 +30,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def _error(section: dict[str, Any]) -> str | None:
+    """The line to print instead of a section that failed, or None."""
     return f"FAILED: {section['error']}" if "error" in section else None
 
 
 def machine(results: dict[str, Any]) -> str:
+    """Machine, weights and section 1 (ceilings)."""
     m, w, c = results["machine"], results["weights"], results.get("ceilings", {})
     lines = [f"## Machine\n{m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch']}, "
              f"native bf16: {m['native_bf16']}, ANIMEGAN_PRECISION=auto -> {m['precision_auto']}",
              f"weights: {w['source']}"]
+    if m["load_average_1m_at_start"] >= 0.5:
+        lines.append(f"WARNING: the 1-minute load average was {m['load_average_1m_at_start']:.1f} at "
+                     "the start: other processes were using the CPUs, so every figure is pessimistic")
     if _error(c):
         return "\n".join(lines + [_error(c)])
     lines.append("\n## 1. Matmul ceilings "
@@ -47,6 +53,7 @@ def machine(results: dict[str, Any]) -> str:
 
 
 def model(results: dict[str, Any]) -> str:
+    """Section 2: model compute per size and mode."""
     section = results["model"]
     head = "## 2. Model compute (median seconds per image; square inputs)"
     if _error(section):
@@ -59,6 +66,7 @@ def model(results: dict[str, Any]) -> str:
 
 
 def stages(results: dict[str, Any]) -> str:
+    """Section 3, with the encode costs."""
     section = results["stages"]
     head = "## 3. Stages: 1080x1350 JPEG to"
     if _error(section):
@@ -77,6 +85,7 @@ def stages(results: dict[str, Any]) -> str:
 
 
 def service(results: dict[str, Any]) -> str:
+    """Section 4: the load table, per-server notes, overload and ratios."""
     section = results["service"]
     parts = [f"## 4. Service through gunicorn ({section.get('size')} long side, cache and rate "
              "limit off)"]
@@ -117,6 +126,7 @@ def service(results: dict[str, Any]) -> str:
 
 
 def cache(results: dict[str, Any]) -> str:
+    """Section 5: cache hit against miss."""
     section = results["cache"]
     head = "## 5. Cache (ours, cache on)"
     if _error(section):
@@ -129,6 +139,7 @@ def cache(results: dict[str, Any]) -> str:
 
 
 def memory(results: dict[str, Any]) -> str:
+    """Section 6: worker memory."""
     section = results["memory"]
     head = "## 6. Memory of ours' worker"
     if _error(section):
@@ -146,6 +157,7 @@ def memory(results: dict[str, Any]) -> str:
 
 
 def targets(results: dict[str, Any]) -> str:
+    """The targets table."""
     rows = [[t["target"], t["goal"], num(t["measured"], 3),
              {True: "pass", False: "MISS", None: "n/a"}[t["pass"]]] for t in results["targets"]]
     return "## Targets\n" + table(["target", "goal", "measured", "result"], rows)

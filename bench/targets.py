@@ -30,11 +30,11 @@ def _get(results: dict[str, Any], *keys: str) -> Any:
 
 def check(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target: what it asks, the goal, the measured value and pass/miss."""
-    sizes = results.get("model", {}).get("sizes") or [0]
+    sizes = results["plan"]["model_sizes"]
     large = 512 if 512 in sizes else max(sizes)
     small = 256 if 256 in sizes else min(sizes)
-    top = _get(results, "service", "ratios", "clients")
-    queue = _get(results, "service", "overload", "settings", "ANIMEGAN_MAX_QUEUE")
+    top = max(results["plan"]["client_levels"])
+    queue = results["plan"]["overload_queue"]
     rows: list[tuple[str, str, float, Any]] = [
         (f"model fp32 (channels_last) at {large}px, fraction of fp32 ceiling", AT_LEAST, 0.70,
          _model_fraction(results, large, "fp32")),
@@ -64,7 +64,7 @@ def check(results: dict[str, Any]) -> list[dict[str, Any]]:
         (f"overload: slowest 200 vs (1 + queue {queue}) x single-client p50", AT_MOST, 1.0,
          _get(results, "service", "ratios", "overload_max_200_vs_queue_bound")),
         ("cache hit vs miss latency", AT_MOST, 0.05, _get(results, "cache", "hit_vs_miss")),
-        (f"RSS growth over {_get(results, 'memory', 'requests')} requests, %", BELOW, 5.0,
+        (f"RSS growth over {results['plan']['memory_requests']} requests, %", BELOW, 5.0,
          _get(results, "memory", "rss_growth_pct")),
     ]
     return [{"target": name, "goal": f"{sign} {goal:g}", "measured": value,

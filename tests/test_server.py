@@ -5,56 +5,14 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import requests
 
-from conftest import REPO, free_port, open_image, photo_bytes
+from conftest import open_image, photo_bytes
+from servers import Server
 
 pytestmark = pytest.mark.server
-GUNICORN = Path(sys.executable).with_name("gunicorn")
-
-
-class Server:
-    def __init__(self, env: dict[str, str], log: Path, cpus: set[int] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log
-        self.log = log.open("w")
-        self.process = subprocess.Popen(
-            [str(GUNICORN), "-c", "gunicorn.conf.py", "-b", f"127.0.0.1:{self.port}",
-             "example_app:app"],
-            cwd=REPO, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-        )
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                if requests.get(f"{self.url}/animegan/healthz", timeout=2).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise AssertionError(f"gunicorn did not become healthy:\n{self.output()[-3000:]}")
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def server(models_dir, tmp_path_factory):
     """gunicorn serving the example app, pinned to one CPU, on a free loopback port."""

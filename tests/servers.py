@@ -1,0 +1,61 @@
+"""A real gunicorn serving the example app, for tests that need the real server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from conftest import REPO, free_port
+
+GUNICORN = Path(sys.executable).with_name("gunicorn")
+
+
+class Server:
+    def __init__(self, env: dict[str, str], log: Path, cpus: set[int] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log
+        self.log = log.open("w")
+        self.process = subprocess.Popen(
+            [str(GUNICORN), "-c", "gunicorn.conf.py", "-b", f"127.0.0.1:{self.port}",
+             "example_app:app"],
+            cwd=REPO, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                if requests.get(f"{self.url}/animegan/healthz", timeout=10).status_code == 200:
+                    return
+            except (requests.ConnectionError, requests.Timeout):
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise AssertionError(f"gunicorn did not become healthy:\n{self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def worker_pid(self) -> int:
+        """The (single) worker process forked by the gunicorn master."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text()
+        return int(children.split()[0])
+
+    def worker_rss_kib(self) -> int:
+        status = Path(f"/proc/{self.worker_pid()}/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines()
+                        if line.startswith("VmRSS:")))
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
