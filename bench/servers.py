@@ -7,6 +7,7 @@ file; the worker's CPU time and memory are read from ``/proc``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -23,6 +24,12 @@ from .inputs import REPO
 
 GUNICORN = Path(sys.executable).with_name("gunicorn")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM if the bench dies, so no server outlives it."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -62,7 +69,8 @@ class GunicornServer:
         started = time.monotonic()
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(command, cwd=REPO, env={**os.environ, **self.env},
-                                            stdout=log, stderr=subprocess.STDOUT)
+                                            stdout=log, stderr=subprocess.STDOUT,
+                                            preexec_fn=_die_with_parent)
         while time.monotonic() - started < self.ready_timeout:
             if self.process.poll() is not None:
                 break

@@ -27,6 +27,13 @@ class Server:
             cwd=REPO, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
+        try:
+            self._wait_until_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_healthy(self) -> None:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
@@ -35,7 +42,6 @@ class Server:
             except (requests.ConnectionError, requests.Timeout):
                 pass
             time.sleep(0.3)
-        self.stop()
         raise AssertionError(f"gunicorn did not become healthy:\n{self.output()[-3000:]}")
 
     def output(self) -> str:
