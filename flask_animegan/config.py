@@ -97,6 +97,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ANIMEGAN_EXTRA_STYLES", {},
             "Extra pullable styles: a mapping of name to a dict with `url`, `sha1` "
             "(git blob SHA-1) and optionally `licence`, `description`, `face`.", dict),
+    Setting("ANIMEGAN_CONTENT_SECURITY_POLICY",
+            "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; "
+            "base-uri 'none'; form-action 'self'; frame-ancestors 'self'",
+            "Content-Security-Policy header of the blueprint's responses; loosen it if your "
+            "base template loads resources from elsewhere, empty leaves it out.", str),
     Setting("ANIMEGAN_BASE_TEMPLATE", "animegan/base.html",
             "Template the pages extend; point it at your site's layout (it must "
             "define the `animegan_content` block).", str),

@@ -104,6 +104,7 @@ class AnimeGANService:
         namespace = (chosen.name, size, fmt)
         fingerprint = self.cache.fingerprint(fitted) if self.cache.enabled else None
         cached = self.cache.get(namespace, fingerprint) if fingerprint else None
+        lap("cache")
         if cached is not None and cached.size == fitted.size:
             encoded = cached.data
         else:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from flask import (Blueprint, Response, abort, jsonify, make_response, redirect,
+from flask import (Blueprint, Response, abort, current_app, jsonify, make_response, redirect,
                    render_template, request, url_for)
 from flask_limiter.errors import RateLimitExceeded
 from werkzeug.exceptions import HTTPException
@@ -32,6 +33,29 @@ def _bound_request_body() -> None:
     request.max_content_length = get_service().max_upload_bytes
 
 
+@blueprint.after_request
+def _security_headers(response: Response) -> Response:
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    policy = current_app.config.get("ANIMEGAN_CONTENT_SECURITY_POLICY")
+    if policy:
+        response.headers.setdefault("Content-Security-Policy", policy)
+    return response
+
+
+def _log_conversion(status: int, conversion: Conversion | None = None,
+                    error: str | None = None) -> None:
+    """One structured line per conversion: no image content, no client file names."""
+    record: dict[str, Any] = {"endpoint": request.endpoint, "status": status}
+    if conversion is not None:
+        record.update(style=conversion.style, size=list(conversion.size),
+                      format=conversion.format,
+                      cache="hit" if conversion.cache_hit else "miss", ms=conversion.timings)
+    if error is not None:
+        record["error"] = error
+    current_app.logger.info("animegan.conversion %s", json.dumps(record, sort_keys=True))
+
+
 def _read_upload() -> tuple[bytes, Any]:
     """The uploaded file's bytes and the request's parameters.
 
@@ -55,8 +79,10 @@ def _read_upload() -> tuple[bytes, Any]:
 
 def _convert_request() -> Conversion:
     data, params = _read_upload()
-    return get_service().convert_upload(data, style=params.get("style") or None,
-                                        size=params.get("size"), fmt=params.get("format"))
+    conversion = get_service().convert_upload(data, style=params.get("style") or None,
+                                              size=params.get("size"), fmt=params.get("format"))
+    _log_conversion(200, conversion)
+    return conversion
 
 
 def _page_context(**extra: Any) -> dict[str, Any]:
@@ -124,6 +150,8 @@ def convert() -> Response:
         "X-AnimeGAN-Style": conversion.style,
         "X-AnimeGAN-Face-Crop": "centre-square" if conversion.face_crop else "none",
         "Cache-Control": "no-store",
+        # browser devtools show where the time went
+        "Server-Timing": ", ".join(f"{stage};dur={ms}" for stage, ms in conversion.timings.items()),
     })
     return response
 
@@ -160,6 +188,8 @@ def _error_response(message: str, status: int, retry_after: int | None = None) -
 
 @blueprint.errorhandler(ConversionError)
 def _conversion_error(error: ConversionError) -> Response:
+    if request.endpoint in LIMITED_ENDPOINTS:
+        _log_conversion(error.status, error=error.__class__.__name__)
     return _error_response(str(error), error.status, error.retry_after)
 
 

@@ -329,3 +329,29 @@ def test_x_forwarded_for_is_used_only_behind_configured_proxies(make_app):
     assert send("2.2.2.2") == 200  # another client behind the same proxy
     # a client forging the header cannot escape: the proxy appends what it saw
     assert send("9.9.9.9, 2.2.2.2") == 429
+
+
+def test_responses_carry_security_headers(client):
+    for response in (client.get("/animegan/"), convert(client, photo_bytes())):
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert "default-src 'self'" in response.headers["Content-Security-Policy"]
+
+
+def test_server_timing_and_one_structured_log_line_per_conversion(client, caplog):
+    import json
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        response = convert(client, photo_bytes("coffee"), "?size=64")
+        convert(client, b"not an image")
+    stages = dict(part.strip().split(";dur=") for part in
+                  response.headers["Server-Timing"].split(","))
+    assert set(stages) == {"decode", "cache", "infer", "encode"}
+    assert all(float(ms) >= 0 for ms in stages.values())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("animegan.")]
+    assert len(lines) == 2
+    ok, failed = (json.loads(line.split(" ", 1)[1]) for line in lines)
+    assert ok["status"] == 200 and ok["cache"] == "miss" and ok["size"] == [64, 43]
+    assert set(ok["ms"]) == set(stages)
+    assert failed == {"endpoint": "animegan.convert", "status": 400, "error": "BadImage"}
+    assert "p.jpg" not in " ".join(lines)  # no client file names
