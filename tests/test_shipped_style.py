@@ -1,0 +1,87 @@
+"""The shipped ``toon_demo`` style: loads, is the offline default, converts end to end,
+and bf16 inference stays within 40 dB PSNR of fp32 on real photos with trained weights."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import numpy as np
+import pytest
+import requests
+import torch
+from PIL import Image
+
+from conftest import REPO, open_image, photo, photo_bytes
+from flask_animegan import imaging, load_generator
+from flask_animegan.engine import InferenceEngine, native_bf16
+from servers import Server
+
+SHIPPED = REPO / "models" / "toon_demo.pt"
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
+def load_training_script():
+    spec = importlib.util.spec_from_file_location("train_demo_style",
+                                                  REPO / "tools" / "train_demo_style.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shipped_file_is_a_half_precision_state_dict_that_loads_strictly():
+    state = torch.load(SHIPPED, weights_only=True)
+    assert all(v.dtype == torch.float16 for v in state.values())
+    assert SHIPPED.stat().st_size < 5_000_000  # fp16: about half of the 8.6 MB fp32 file
+    model = load_generator(SHIPPED)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_the_shipped_style_still_matches_its_teacher_on_held_out_photos():
+    """A regression check of the committed weights against the model card's figures."""
+    figures = load_training_script().held_out_figures(load_generator(SHIPPED))
+    card = (REPO / "models" / "README.md").read_text()
+    recorded = float(re.search(r"mean PSNR \*\*([0-9.]+) dB\*\*", card).group(1))
+    assert abs(figures["mean_psnr_db"] - recorded) < 0.5, (figures, recorded)
+
+
+@pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bf16")
+@pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea", "rocket"])
+def test_bf16_stays_within_40_db_of_fp32_on_real_photos(name):
+    image = imaging.fit(photo(name), 512)
+    outputs = {}
+    for precision in ("fp32", "bf16"):
+        engine = InferenceEngine(SHIPPED.parent, catalog={}, default_style="toon_demo",
+                                 precision=precision)
+        outputs[precision] = np.asarray(engine.run(image))
+    value = psnr(outputs["fp32"], outputs["bf16"])
+    print(f"\n{name}: bf16 vs fp32 PSNR {value:.1f} dB")
+    assert value >= 40
+
+
+def test_a_fresh_clone_serves_the_shipped_style_by_default(tmp_path):
+    """The README's serve command with no configuration: toon_demo converts a real photo."""
+    server = Server({"ANIMEGAN_ACCESS_LOG": ""}, log=tmp_path / "gunicorn.log")
+    try:
+        health = requests.get(f"{server.url}/animegan/healthz", timeout=10).json()
+        assert health["default_style"] == "toon_demo" and health["status"] == "ok"
+        session = requests.Session()
+        page = session.post(f"{server.url}/animegan/upload", timeout=120,
+                            files={"image": ("me.jpg", photo_bytes("astronaut"))})
+        assert page.status_code == 200
+        anime_url = re.search(r'id="animegan-result" src="([^"]+)"', page.text).group(1)
+        result = open_image(session.get(server.url + anime_url, timeout=10).content)
+        source = photo("astronaut")
+        assert result.size == source.size == (512, 512)
+        # stylised: clearly different from the photo, yet the same picture
+        difference = psnr(np.asarray(result.convert("RGB")), np.asarray(source))
+        assert 10 < difference < 30, difference
+        small = [np.asarray(im.convert("L").resize((32, 32), Image.Resampling.BOX), float)
+                 for im in (result, source)]
+        assert np.corrcoef(small[0].ravel(), small[1].ravel())[0, 1] > 0.8
+    finally:
+        server.stop()
