@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flask_animegan.engine import choose_precision, configure_torch_threads
+from flask_animegan.engine import InferenceEngine, configure_torch_threads
 
 from . import cache, ceilings, memory, model_speed, report, service, stages, targets
 from .inputs import PHOTO_DESCRIPTION, REPO, jpeg, photo, prepare_weights
@@ -54,8 +54,15 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
     configure_torch_threads(ceilings.usable_cpus())
     machine = ceilings.machine_info()
     bf16 = machine["native_bf16"]
-    precision = choose_precision("auto")
     weights = prepare_weights(workdir / "models")
+    # what ANIMEGAN_PRECISION=auto settles on here, exactly as the app does at startup
+    probe = InferenceEngine(weights.models_dir, catalog={}, default_style=weights.style,
+                            precision="auto")
+    probe.load_default()
+    precision = probe.choose_precision(256)
+    machine["precision_auto"] = precision
+    machine["precision_timings_256px"] = probe.precision_timings
+    del probe
     image = photo()
     data = jpeg(image)
     results: dict[str, Any] = {

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from flask_animegan.engine import choose_precision, native_bf16
+from flask_animegan.engine import native_bf16
 
 from .timing import time_runs
 
@@ -39,7 +39,6 @@ def machine_info() -> dict[str, Any]:
         "usable_cpus": usable_cpus(),
         "logical_cpus": os.cpu_count(),
         "native_bf16": native_bf16(),
-        "precision_auto": choose_precision("auto"),
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "python": platform.python_version(),

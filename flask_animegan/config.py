@@ -77,8 +77,9 @@ SETTINGS: tuple[Setting, ...] = (
             "torch intra-op threads; unset uses the CPUs this process may run on "
             "(`os.sched_getaffinity`).", int),
     Setting("ANIMEGAN_PRECISION", "auto",
-            "Inference precision: `auto` (bf16 on CPUs with native bf16, else fp32), "
-            "`fp32` or `bf16`.", str),
+            "Inference precision: `auto` (at startup, time the default style in fp32 and "
+            "bf16 on this CPU and keep the faster; fp32 without native bf16), `fp32` or "
+            "`bf16`.", str),
     Setting("ANIMEGAN_MAX_QUEUE", 2,
             "Conversions allowed to wait while one runs; more get 503 with Retry-After. "
             "Keep it below the server's thread count so the 503 can be sent.", int),

@@ -12,7 +12,7 @@ from flask_limiter import Limiter
 from . import config as settings
 from .cache import NearDuplicateCache, ResultStore
 from .catalog import known_styles
-from .engine import InferenceEngine, choose_precision, configure_torch_threads
+from .engine import InferenceEngine, configure_torch_threads
 from .service import AnimeGANService, get_service
 from .views import LIMITED_ENDPOINTS, blueprint
 
@@ -73,11 +73,13 @@ class AnimeGAN:
             default_style=cfg["ANIMEGAN_DEFAULT_STYLE"] or None,
             max_loaded=cfg["ANIMEGAN_MAX_LOADED_STYLES"], max_queue=cfg["ANIMEGAN_MAX_QUEUE"],
             queue_timeout=cfg["ANIMEGAN_QUEUE_TIMEOUT"],
-            precision=choose_precision(cfg["ANIMEGAN_PRECISION"]),
+            precision=cfg["ANIMEGAN_PRECISION"],
         )
         started = time.perf_counter()
         model, problem = engine.load_default()
+        engine.choose_precision(min(cfg["ANIMEGAN_WARMUP_SIZE"] or 128, 256))
         engine.warm_up(cfg["ANIMEGAN_WARMUP_SIZE"])
+        model = engine.model(None) if model is not None else None
         # the design card: the model is registered in app.config at startup
         cfg["ANIMEGAN_MODEL"] = model
         if model is None:

@@ -85,3 +85,18 @@ def test_a_fresh_clone_serves_the_shipped_style_by_default(tmp_path):
         assert np.corrcoef(small[0].ravel(), small[1].ravel())[0, 1] > 0.8
     finally:
         server.stop()
+
+
+def test_auto_precision_times_both_and_keeps_the_faster():
+    engine = InferenceEngine(SHIPPED.parent, catalog={}, default_style="toon_demo",
+                             precision="auto")
+    engine.load_default()
+    assert engine.precision == "fp32"  # until measured
+    chosen = engine.choose_precision(64)
+    if native_bf16():
+        timings = engine.precision_timings
+        assert set(timings) == {"fp32", "bf16"} and chosen == min(timings, key=timings.get)
+    else:
+        assert chosen == "fp32" and engine.precision_timings == {}
+    assert next(engine.model().parameters()).dtype == engine.dtype
+    assert engine.status()["precision"] == chosen
