@@ -132,7 +132,7 @@ def test_soak_sequential_conversions_without_errors_or_memory_growth(models_dir,
     try:
         photos = [photo_bytes(name) for name in ("astronaut", "coffee", "rocket", "chelsea")]
         sizes = (32, 64, 96, 128, 160)
-        warm_up = 50
+        warm_up = 100  # every thread (and its malloc arena) has served all shapes by then
         baseline = None
         errors = []
         for i in range(SOAK_REQUESTS):
