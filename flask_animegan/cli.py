@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from flask import current_app
@@ -53,6 +54,27 @@ def styles_command() -> None:
             click.echo(f"{'':<20} error: {style['error']}")
 
 
+class _DownloadProgress:
+    """A click progress bar on stderr, created once the download's length is known."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.bar: Any = None  # click.progressbar returns a ProgressBar
+
+    def start(self, total: int | None) -> None:
+        self.bar = click.progressbar(length=total or 0, label=self.label, file=sys.stderr,
+                                     show_eta=True)
+        self.bar.render_progress()
+
+    def advance(self, count: int) -> None:
+        if self.bar is not None:
+            self.bar.update(count)
+
+    def finish(self) -> None:
+        if self.bar is not None:
+            self.bar.render_finish()
+
+
 @cli.command("pull")
 @click.argument("name")
 @click.option("--force", is_flag=True, help="Download even if the style is installed.")
@@ -82,21 +104,14 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
         return
     click.echo(f"{name}: {style.description or '(no description)'}\nlicence: {style.licence}")
     base = base_url or current_app.config["ANIMEGAN_WEIGHTS_BASE_URL"]
-    bar = None
+    progress = _DownloadProgress(f"downloading {name}")
     try:
-        def start(total: int | None) -> None:
-            nonlocal bar
-            bar = click.progressbar(length=total or 0, label=f"downloading {name}",
-                                    file=sys.stderr, show_eta=True)
-            bar.__enter__()
-
         path = pull_style(style, service.engine.models_dir, base_url=base,
-                          on_start=start, on_chunk=lambda n: bar.update(n) if bar else None)
+                          on_start=progress.start, on_chunk=progress.advance)
     except DownloadError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
+        progress.finish()
     service.engine.rescan()
     click.echo(f"installed {path} (hash verified); restart the server to serve it")
 
