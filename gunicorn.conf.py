@@ -18,6 +18,15 @@ _threads = os.environ.get("ANIMEGAN_TORCH_THREADS") or str(len(os.sched_getaffin
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, _threads)
 
+# Prometheus metrics (ANIMEGAN_METRICS) from several processes: prometheus_client's
+# multiprocess mode keeps each worker's values in files in one folder, which must be
+# set before any worker imports prometheus_client and be emptied at each start.
+_METRICS = os.environ.get("ANIMEGAN_METRICS", "").strip().lower() in ("1", "true", "yes", "on")
+if _METRICS and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    import tempfile
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="animegan-metrics-")
+
 bind = os.environ.get("ANIMEGAN_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("ANIMEGAN_WORKERS", "1"))
 threads = int(os.environ.get("ANIMEGAN_THREADS", "4"))
@@ -48,3 +57,22 @@ def post_fork(server, worker):
     m_mmap_threshold, m_arena_max = -3, -8
     libc.mallopt(m_mmap_threshold, 1 << 20)
     libc.mallopt(m_arena_max, 2)
+
+
+def on_starting(server):
+    """Start metrics from zero: files left by an earlier run would be summed in."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if _METRICS and folder:
+        import glob
+
+        os.makedirs(folder, exist_ok=True)
+        for path in glob.glob(os.path.join(folder, "*.db")):
+            os.remove(path)
+
+
+def child_exit(server, worker):
+    """A worker's gauges of the "live" kinds (queue depth, ...) end with it."""
+    if _METRICS and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)

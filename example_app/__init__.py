@@ -7,6 +7,7 @@ Every ``ANIMEGAN_*`` environment variable is passed to the extension.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 from flask import Flask, render_template_string, url_for
@@ -28,8 +29,14 @@ HOME = """<!doctype html>
 def create_app(config: dict | None = None) -> Flask:
     app = Flask(__name__)
     app.config["ANIMEGAN_MODELS_DIR"] = str(REPO_MODELS)
+    app.config.from_prefixed_env()  # FLASK_SECRET_KEY and the like
     app.config.update(from_environ(os.environ))
     app.config.update(config or {})
+    if not app.config.get("SECRET_KEY"):
+        # Sessions (and so the upload form's CSRF token) need a key. A random one is
+        # fine for one worker process; with several workers or hosts, set
+        # FLASK_SECRET_KEY to one shared value.
+        app.config["SECRET_KEY"] = secrets.token_hex(32)
 
     @app.get("/")
     def home() -> str:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import click
+import torch
 from flask import current_app
 
 from .download import DownloadError, pull_style
 from .errors import ConversionError
 from .service import get_service
 from .views import blueprint
+from .weights import WeightsError, load_generator
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 cli = blueprint.cli
@@ -23,6 +28,8 @@ Examples:
   flask --app example_app animegan styles
   flask --app example_app animegan pull paprika
   flask --app example_app animegan convert photos/ -o anime/
+  flask --app example_app animegan export paprika --torchscript paprika.ts
+  flask --app example_app animegan bench --quick
 """
 
 
@@ -170,3 +177,86 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                f"converted, failed {failed}; output in {out_dir}")
     if failed:
         sys.exit(1)
+
+
+@cli.command("export")
+@click.argument("name")
+@click.option("--torchscript", "target", required=True, metavar="PATH",
+              type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the TorchScript file.")
+def export_command(name: str, target: Path) -> None:
+    """Save the installed style NAME as a TorchScript file.
+
+    The file runs without this package (torch.jit.load(PATH) maps a (N, 3, H, W)
+    tensor in [-1, 1] to the anime picture in [-1, 1]) and can itself be put into a
+    models folder. The export is checked against the original on a test image.
+
+    \b
+    Example:
+      flask --app example_app animegan export toon_demo --torchscript toon_demo.ts
+    """
+    service = get_service()
+    try:
+        style = service.engine.style(name)
+        model = load_generator(style.path)
+    except (ConversionError, WeightsError) as exc:
+        raise click.ClickException(str(exc)) from None
+    with warnings.catch_warnings():
+        # torch 2.14 marks torch.jit deprecated; TorchScript files still load everywhere
+        warnings.simplefilter("ignore", FutureWarning)
+        scripted = torch.jit.script(model)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.part")
+        try:
+            scripted.save(str(partial))
+            reloaded = torch.jit.load(str(partial))
+            probe = torch.rand(1, 3, 96, 80, generator=torch.Generator().manual_seed(0)) * 2 - 1
+            with torch.inference_mode():
+                difference = (reloaded(probe) - model(probe)).abs().max().item()
+            if difference > 1e-4:
+                raise click.ClickException(f"the exported model differs from {style.path} "
+                                           f"(max abs difference {difference:.2g}); not saved")
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+    click.echo(f"exported {name} to {target} ({target.stat().st_size / 2**20:.1f} MiB; "
+               f"checked: max abs difference {difference:.1g})")
+
+
+def _bench_root() -> Path | None:
+    """The source checkout holding bench/ (the benchmark is not part of the package)."""
+    for root in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        if (root / "bench" / "__main__.py").is_file():
+            return root
+    return None
+
+
+@cli.command("bench")
+@click.option("--quick", is_flag=True, help="Fewer sizes and repeats (about 3 minutes).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="JSON results file (default: bench/results/latest.json).")
+def bench_command(quick: bool, out: Path | None) -> None:
+    """Run the performance benchmark (python -m bench) and print its report.
+
+    It measures the model's speed against this CPU's ceilings, each stage of a
+    conversion, the served app against the baselines, the cache and memory, and
+    prints the targets as ratios. It needs a source checkout (bench/ is not
+    installed with the package) and the bench extra: pip install -e '.[bench]'.
+
+    \b
+    Examples:
+      flask --app example_app animegan bench --quick
+      flask --app example_app animegan bench --out /tmp/bench.json
+    """
+    root = _bench_root()
+    if root is None:
+        raise click.ClickException("the benchmark lives in the source repository's bench/ "
+                                   "folder, which is not installed with the package: run "
+                                   "this from a clone of flask-animegan")
+    args = [sys.executable, "-m", "bench"] + (["--quick"] if quick else [])
+    if out is not None:
+        args += ["--out", str(out.resolve())]
+    code = subprocess.run(args, cwd=root).returncode
+    if code:
+        raise click.ClickException(f"the benchmark failed (exit status {code}); its output "
+                                   "above says where")

@@ -103,6 +103,17 @@ SETTINGS: tuple[Setting, ...] = (
             "base-uri 'none'; form-action 'self'; frame-ancestors 'self'",
             "Content-Security-Policy header of the blueprint's responses; loosen it if your "
             "base template loads resources from elsewhere, empty leaves it out.", str),
+    Setting("ANIMEGAN_CSRF", True,
+            "Require a CSRF token on the upload form when the app has a `SECRET_KEY` (the "
+            "JSON API needs none); turn off only if the host app checks every form itself.",
+            bool),
+    Setting("ANIMEGAN_SAMPLE_SIZE", 128,
+            "Long side of the style samples in the page's style picker, converted at startup "
+            "from a bundled photo; 0: no samples.", int),
+    Setting("ANIMEGAN_METRICS", False,
+            "Serve Prometheus metrics at `{prefix}/metrics` (needs `prometheus_client`; under "
+            "gunicorn, `gunicorn.conf.py` turns on its multiprocess mode). Restrict who can "
+            "reach that path.", bool),
     Setting("ANIMEGAN_BASE_TEMPLATE", "animegan/base.html",
             "Template the pages extend; point it at your site's layout (it must "
             "define the `animegan_content` block).", str),
@@ -128,6 +139,9 @@ def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
                 raise ValueError(f"environment variable {setting.name} must be a JSON object, "
                                  f'e.g. {{"mystyle": {{"url": "...", "sha1": "..."}}}}') from None
             continue
+        if setting.kind is bool:
+            found[setting.name] = _parse_bool(setting.name, raw)
+            continue
         if raw == "" and setting.kind is not str:
             found[setting.name] = None  # an empty variable means "use the automatic choice"
             continue
@@ -139,6 +153,17 @@ def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
                 f"{setting.kind.__name__}; unset it or give e.g. {setting.default!r}"
             ) from None
     return found
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise ValueError(f"environment variable {name}={raw!r} must be one of "
+                     f"{', '.join(_TRUE)} or {', '.join(_FALSE[:-1])}")
 
 
 def torch_threads(config: Mapping[str, Any]) -> int:
@@ -162,7 +187,7 @@ def validate(config: Mapping[str, Any]) -> None:
                  "ANIMEGAN_RESULT_TTL", "ANIMEGAN_RESULT_MAX_BYTES"):
         positive(name)
     for name in ("ANIMEGAN_TRUSTED_PROXIES", "ANIMEGAN_CACHE_TTL", "ANIMEGAN_CACHE_MAX_BYTES", "ANIMEGAN_PHASH_MAX_DISTANCE",
-                 "ANIMEGAN_COLOR_TOLERANCE", "ANIMEGAN_MAX_QUEUE", "ANIMEGAN_WARMUP_SIZE"):
+                 "ANIMEGAN_COLOR_TOLERANCE", "ANIMEGAN_MAX_QUEUE", "ANIMEGAN_WARMUP_SIZE", "ANIMEGAN_SAMPLE_SIZE"):
         positive(name, allow_zero=True)
     if config["ANIMEGAN_MAX_SIDE"] < 16:
         raise ValueError("ANIMEGAN_MAX_SIDE must be at least 16 pixels")

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -84,13 +84,23 @@ class Style:
     description: str
 
 
+class EngineEvents(Protocol):
+    """What the engine reports as it runs (the metrics implement it)."""
+
+    def queue_changed(self, in_flight: int, queued: int) -> None: ...
+
+    def model_loaded(self, style: str, seconds: float) -> None: ...
+
+
 class InferenceEngine:
     """Loads styles from ``models_dir`` and runs them, one inference at a time."""
 
     def __init__(self, models_dir: Path, *, catalog: dict[str, KnownStyle],
                  default_style: str | None = None, max_loaded: int = 3, max_queue: int = 4,
-                 queue_timeout: float = 60.0, precision: str = "fp32") -> None:
+                 queue_timeout: float = 60.0, precision: str = "fp32",
+                 events: EngineEvents | None = None) -> None:
         self.models_dir = models_dir
+        self.events = events
         self.requested_precision = precision
         # "auto" runs in fp32 until choose_precision() has timed both on this CPU
         self.precision = "fp32" if precision == "auto" else precision
@@ -168,7 +178,10 @@ class InferenceEngine:
                 if failed and failed[1] == _mtime(style.path):
                     raise StyleUnavailable(f"style {style.name!r} cannot be loaded: {failed[0]}")
                 try:
+                    started = time.perf_counter()
                     model = self._prepare(load_generator(style.path))
+                    if self.events is not None:
+                        self.events.model_loaded(style.name, time.perf_counter() - started)
                 except WeightsError as exc:
                     self._broken[style.name] = (str(exc), _mtime(style.path))
                     raise StyleUnavailable(f"style {style.name!r} cannot be loaded: {exc}") from exc
@@ -195,17 +208,25 @@ class InferenceEngine:
                 raise Overloaded("the server is busy converting other photos; try again in "
                                  f"{self.retry_after()} s", self.retry_after())
             self._pending += 1
+            self._report_queue(running=self._run_lock.locked())
         try:
             if not self._run_lock.acquire(timeout=self.queue_timeout):
                 raise Overloaded("timed out waiting for a free converter; try again in "
                                  f"{self.retry_after()} s", self.retry_after())
             try:
+                with self._state_lock:
+                    self._report_queue(running=True)
                 yield
             finally:
                 self._run_lock.release()
         finally:
             with self._state_lock:
                 self._pending -= 1
+                self._report_queue(running=self._run_lock.locked())
+
+    def _report_queue(self, running: bool) -> None:
+        if self.events is not None:
+            self.events.queue_changed(int(running), max(0, self._pending - int(running)))
 
     def retry_after(self) -> int:
         return max(1, math.ceil(self._seconds_per_inference * max(1, self._pending)))

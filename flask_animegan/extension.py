@@ -13,6 +13,7 @@ from . import config as settings
 from .cache import NearDuplicateCache, ResultStore
 from .catalog import known_styles
 from .engine import InferenceEngine, configure_torch_threads
+from .metrics import Metrics
 from .service import AnimeGANService, get_service
 from .views import LIMITED_ENDPOINTS, blueprint
 
@@ -68,12 +69,13 @@ class AnimeGAN:
             raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
 
         configure_torch_threads(settings.torch_threads(cfg))
+        metrics = Metrics() if cfg["ANIMEGAN_METRICS"] else None
         engine = InferenceEngine(
             models_dir=self._models_dir(app), catalog=catalog,
             default_style=cfg["ANIMEGAN_DEFAULT_STYLE"] or None,
             max_loaded=cfg["ANIMEGAN_MAX_LOADED_STYLES"], max_queue=cfg["ANIMEGAN_MAX_QUEUE"],
             queue_timeout=cfg["ANIMEGAN_QUEUE_TIMEOUT"],
-            precision=cfg["ANIMEGAN_PRECISION"],
+            precision=cfg["ANIMEGAN_PRECISION"], events=metrics,
         )
         started = time.perf_counter()
         model, problem = engine.load_default()
@@ -98,7 +100,9 @@ class AnimeGAN:
         results = ResultStore(max_bytes=cfg["ANIMEGAN_RESULT_MAX_BYTES"],
                               ttl=cfg["ANIMEGAN_RESULT_TTL"])
         limiter = self._limiter(app)
-        app.extensions[EXTENSION_KEY] = AnimeGANService(cfg, engine, cache, results, limiter)
+        service = AnimeGANService(cfg, engine, cache, results, limiter, metrics)
+        service.make_samples()
+        app.extensions[EXTENSION_KEY] = service
         app.register_blueprint(blueprint, url_prefix=cfg["ANIMEGAN_URL_PREFIX"])
         self._apply_limits(app, limiter, cfg["ANIMEGAN_RATE_LIMIT"])
 

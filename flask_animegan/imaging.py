@@ -71,7 +71,7 @@ def _unidentified(data: bytes) -> Exception:
         with Image.open(io.BytesIO(data)) as other:
             fmt = other.format
     except Exception:  # noqa: BLE001 - not an image at all
-        return BadImage(f"the upload is not an image Pillow can read; {_ACCEPTED_HINT}")
+        return BadImage(f"the file is not an image this server can read; {_ACCEPTED_HINT}")
     return UnsupportedImage(f"{fmt} images are not accepted; {_ACCEPTED_HINT}")
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,9 +16,13 @@ from . import imaging
 from .cache import NearDuplicateCache, ResultStore
 from .config import OUTPUT_FORMATS
 from .engine import MIN_SIDE, InferenceEngine
-from .errors import BadParameter
+from .errors import BadParameter, ConversionError
+from .metrics import Metrics
 
 FORMAT_ALIASES = {"jpg": "jpeg"}
+#: The photo the style picker's samples are made from (NASA's public-domain portrait of
+#: Eileen Collins, as shipped in scikit-image's ``data.astronaut``).
+SAMPLE_PHOTO = Path(__file__).resolve().parent / "static" / "sample-photo.jpg"
 
 
 @dataclass
@@ -38,11 +44,15 @@ class AnimeGANService:
     """Everything one app needs to convert photos: engine, cache, result store, limits."""
 
     def __init__(self, config: dict[str, Any], engine: InferenceEngine,
-                 cache: NearDuplicateCache, results: ResultStore, limiter: Any) -> None:
+                 cache: NearDuplicateCache, results: ResultStore, limiter: Any,
+                 metrics: Metrics | None = None) -> None:
         self.engine = engine
         self.cache = cache
         self.results = results
         self.limiter = limiter
+        self.metrics = metrics
+        self.sample_size: int = config["ANIMEGAN_SAMPLE_SIZE"]
+        self._samples: dict[str, bytes] = {}
         self.max_side: int = config["ANIMEGAN_MAX_SIDE"]
         self.max_pixels: int = config["ANIMEGAN_MAX_PIXELS"]
         self.max_upload_bytes: int = config["ANIMEGAN_MAX_UPLOAD_BYTES"]
@@ -122,6 +132,27 @@ class AnimeGANService:
                           cache_hit=cached is not None, face_crop=chosen.face,
                           input_image=fitted, timings=timings)
 
+    def style_sample(self, name: str) -> bytes:
+        """A small JPEG of the bundled sample photo in style ``name`` (made once, then kept)."""
+        sample = self._samples.get(name)
+        if sample is None:
+            chosen = self.engine.style(name)
+            with Image.open(SAMPLE_PHOTO) as photo:
+                fitted = imaging.fit(photo.convert("RGB"), self.sample_size, square=chosen.face)
+            sample = imaging.encode(self.engine.run(fitted, chosen.name), "jpeg", 85)
+            self._samples[chosen.name] = sample
+        return sample
+
+    def make_samples(self) -> None:
+        """Make every installed style's sample now (at startup), skipping broken styles."""
+        if not self.sample_size:
+            return
+        for name in self.engine.styles:
+            try:
+                self.style_sample(name)
+            except ConversionError:
+                pass
+
     def styles_info(self) -> list[dict[str, Any]]:
         """Installed and pullable styles, for the page and ``GET /styles``."""
         installed = self.engine.styles
@@ -151,7 +182,7 @@ class AnimeGANService:
             status = "degraded"
         else:
             status = "ok"
-        return {"status": status, **engine, "cache": self.cache.stats()}
+        return {"status": status, "pid": os.getpid(), **engine, "cache": self.cache.stats()}
 
 
 def get_service() -> AnimeGANService:

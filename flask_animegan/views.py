@@ -11,7 +11,9 @@ from flask import (Blueprint, Response, abort, current_app, jsonify, make_respon
 from flask_limiter.errors import RateLimitExceeded
 from werkzeug.exceptions import HTTPException
 
+from . import csrf
 from .cache import StoredResult
+from .config import OUTPUT_FORMATS
 from .errors import BadImage, ConversionError, UnsupportedImage
 from .imaging import encode
 from .service import Conversion, get_service
@@ -20,10 +22,13 @@ blueprint = Blueprint("animegan", __name__, template_folder="templates",
                       static_folder="static", cli_group="animegan")
 
 #: Endpoints that answer JSON (errors included); the others render pages.
-API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz"})
+API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz",
+                           "animegan.style_sample", "animegan.metrics"})
 #: Endpoints that spend CPU on a conversion: these share the rate limit.
 LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert"})
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
+#: Output sizes the form offers (those up to ANIMEGAN_MAX_SIDE, and the maximum itself).
+FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
 
 
 @blueprint.before_request
@@ -40,6 +45,9 @@ def _security_headers(response: Response) -> Response:
     policy = current_app.config.get("ANIMEGAN_CONTENT_SECURITY_POLICY")
     if policy:
         response.headers.setdefault("Content-Security-Policy", policy)
+    metrics = get_service().metrics
+    if metrics is not None:
+        metrics.request_done(request.endpoint, response.status_code)
     return response
 
 
@@ -79,9 +87,13 @@ def _read_upload() -> tuple[bytes, Any]:
 
 def _convert_request() -> Conversion:
     data, params = _read_upload()
-    conversion = get_service().convert_upload(data, style=params.get("style") or None,
-                                              size=params.get("size"), fmt=params.get("format"))
+    service = get_service()
+    conversion = service.convert_upload(data, style=params.get("style") or None,
+                                        size=params.get("size"), fmt=params.get("format"))
     _log_conversion(200, conversion)
+    if service.metrics is not None:
+        service.metrics.conversion_done(conversion, service.cache.enabled,
+                                        service.cache.stats()["bytes"])
     return conversion
 
 
@@ -94,7 +106,14 @@ def _page_context(**extra: Any) -> dict[str, Any]:
         "pullable": [s for s in styles if not s["installed"]],
         "default_style": service.engine.default_style,
         "max_side": service.max_side,
+        "sizes": sorted({s for s in FORM_SIZES if s < service.max_side} | {service.max_side}),
+        "formats": OUTPUT_FORMATS,
+        "default_format": service.output_format,
+        "max_upload_bytes": service.max_upload_bytes,
+        "max_upload_text": _size(service.max_upload_bytes),
+        "sample_size": service.sample_size,
         "rate_limit": service.rate_limit,
+        "csrf_token": csrf.token(),
         **extra,
     }
 
@@ -106,6 +125,7 @@ def index() -> str:
 
 @blueprint.post("/upload")
 def upload() -> Response:
+    csrf.check()
     conversion = _convert_request()
     service = get_service()
     token = service.results.add(StoredResult(
@@ -121,7 +141,12 @@ def result(token: str) -> str:
     if stored is None:
         abort(404, "this result has expired or never existed; convert the photo again")
     return render_template("animegan/result.html", token=token, stored=stored,
-                           **_page_context())
+                           download_name=_download_name(stored), **_page_context())
+
+
+def _download_name(stored: StoredResult) -> str:
+    ext = stored.mimetype.split("/")[1]
+    return f'anime-{stored.style}.{"jpg" if ext == "jpeg" else ext}'
 
 
 @blueprint.get("/result/<token>/<any(original, anime):kind>")
@@ -134,9 +159,8 @@ def result_image(token: str, kind: str) -> Response:
     else:
         response = Response(stored.result, mimetype=stored.mimetype)
         if request.args.get("download"):
-            ext = stored.mimetype.split("/")[1]
             response.headers["Content-Disposition"] = (
-                f'attachment; filename="anime-{stored.style}.{"jpg" if ext == "jpeg" else ext}"')
+                f'attachment; filename="{_download_name(stored)}"')
     response.headers["Cache-Control"] = "private, max-age=300"
     return response
 
@@ -160,6 +184,25 @@ def convert() -> Response:
 def styles() -> Response:
     service = get_service()
     return jsonify(default=service.engine.default_style, styles=service.styles_info())
+
+
+@blueprint.get("/styles/<name>/sample.jpg")
+def style_sample(name: str) -> Response:
+    service = get_service()
+    if not service.sample_size:
+        abort(404, "style samples are off (ANIMEGAN_SAMPLE_SIZE = 0)")
+    response = Response(service.style_sample(name), mimetype="image/jpeg")
+    response.headers["Cache-Control"] = "public, max-age=3600"
+    return response
+
+
+@blueprint.get("/metrics")
+def metrics() -> Response:
+    service = get_service()
+    if service.metrics is None:
+        abort(404, "metrics are off; set ANIMEGAN_METRICS = True to serve them")
+    body, content_type = service.metrics.exposition()
+    return Response(body, content_type=content_type, headers={"Cache-Control": "no-store"})
 
 
 @blueprint.get("/healthz")
@@ -195,7 +238,10 @@ def _conversion_error(error: ConversionError) -> Response:
 
 @blueprint.errorhandler(RateLimitExceeded)
 def _rate_limited(error: RateLimitExceeded) -> Response:
-    current = get_service().limiter.current_limit
+    service = get_service()
+    if service.metrics is not None:
+        service.metrics.rate_limited.inc()
+    current = service.limiter.current_limit
     wait = max(1, int(current.reset_at - time.time())) if current else 60
     return _error_response(f"too many conversions from your address (limit: {error.description});"
                            f" try again in {wait} s", 429, wait)

@@ -16,14 +16,15 @@ GUNICORN = Path(sys.executable).with_name("gunicorn")
 
 
 class Server:
-    def __init__(self, env: dict[str, str], log: Path, cpus: set[int] | None = None) -> None:
+    def __init__(self, env: dict[str, str], log: Path, cpus: set[int] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         self.log = log.open("w")
         self.process = subprocess.Popen(
             [str(GUNICORN), "-c", "gunicorn.conf.py", "-b", f"127.0.0.1:{self.port}",
-             "example_app:app"],
+             *args, "example_app:app"],
             cwd=REPO, env={**os.environ, **env}, stdout=self.log, stderr=subprocess.STDOUT,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )

@@ -10,10 +10,13 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from click.testing import Result
 from flask import Flask
 
+from flask_animegan import load_generator
 from flask_animegan.catalog import NONCOMMERCIAL, OFFICIAL_STYLES
 from conftest import open_image, photo, photo_bytes
 
@@ -180,7 +183,7 @@ def test_convert_reports_a_bad_file_and_converts_the_rest(app: Flask,
     result = invoke(app, "convert", str(notes), str(folder), str(single), "-o", str(out),
                     "--size", str(SIZE))
     assert result.exit_code == 1, result.output
-    assert f"{notes}: the upload is not an image" in result.output
+    assert f"{notes}: the file is not an image" in result.output
     assert "converted 4, skipped 0 already converted, failed 1" in result.output
     assert sorted(out.iterdir()) == expected_outputs(out)
     for name in (*FOLDER_PHOTOS, SINGLE_PHOTO):
@@ -241,9 +244,54 @@ def test_convert_rejects_a_size_above_max_side(app: Flask, inputs: tuple[Path, P
     assert not out.exists()
 
 
+# -- export -------------------------------------------------------------------------
+
+def test_export_writes_torchscript_that_converts_like_the_style(make_app: Callable[..., Flask],
+                                                                  tmp_path: Path) -> None:
+    app = make_app()
+    target = tmp_path / "exported" / "test_style_ts.ts"
+    result = invoke(app, "export", "test_style", "--torchscript", str(target))
+    assert result.exit_code == 0, result.output
+    assert "exported test_style" in result.output
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no temp file left
+
+    # it runs without this package's code ...
+    scripted = torch.jit.load(str(target))
+    probe = torch.rand(1, 3, 64, 48) * 2 - 1
+    with torch.inference_mode():
+        expected = load_generator(app.extensions["animegan"].engine.style("test_style").path)(probe)
+        assert (scripted(probe) - expected).abs().max().item() < 1e-4
+    # ... and a models folder serves it as a style of its own, converting like the original
+    folder = tmp_path / "served"
+    folder.mkdir()
+    shutil.copy(target, folder / "exported.ts")
+    served = make_app(ANIMEGAN_MODELS_DIR=str(folder)).extensions["animegan"]
+    original = app.extensions["animegan"]
+    with app.app_context():
+        a = np.asarray(original.convert(photo("coffee"), "test_style", SIZE), np.float32)
+    b = np.asarray(served.convert(photo("coffee"), "exported", SIZE), np.float32)
+    assert np.abs(a - b).max() <= 1
+
+
+def test_export_of_an_unknown_style_fails_cleanly(app: Flask, tmp_path: Path) -> None:
+    result = invoke(app, "export", "nope", "--torchscript", str(tmp_path / "x.ts"))
+    assert result.exit_code != 0
+    assert "style 'nope' is not installed" in result.output
+    assert not (tmp_path / "x.ts").exists()
+
+
+def test_bench_outside_a_source_checkout_explains(app: Flask, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("flask_animegan.cli._bench_root", lambda: None)
+    result = invoke(app, "bench", "--quick")
+    assert result.exit_code != 0
+    assert "source repository's bench/ folder" in result.output
+
+
 # -- help ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", ["styles", "pull", "convert"])
+@pytest.mark.parametrize("command", ["styles", "pull", "convert", "export", "bench"])
 def test_command_help_has_an_example(app: Flask, command: str) -> None:
     result = invoke(app, command, "--help")
     assert result.exit_code == 0, result.output
@@ -256,7 +304,7 @@ def test_group_help_lists_the_commands(app: Flask) -> None:
     result = invoke(app, "--help")
     assert result.exit_code == 0, result.output
     commands = result.output.split("Commands:", 1)[1]
-    for command in ("styles", "pull", "convert"):
+    for command in ("styles", "pull", "convert", "export", "bench"):
         assert f"  {command} " in commands
 
 

@@ -27,10 +27,16 @@ def test_page_has_a_form_that_works_without_javascript(client):
     assert re.search(r'<form[^>]+method="post"[^>]+action="/animegan/upload"[^>]+'
                      r'enctype="multipart/form-data"', html)
     assert 'type="file" name="image"' in html
-    assert '<option value="test_style"' in html and '<option value="other_style"' in html
-    assert "<script" not in html
-    with client.get("/animegan/static/animegan.css") as css:
-        assert css.status_code == 200 and b".animegan" in css.data
+    assert re.search(r'type="radio" name="style" value="other_style"[^>]* checked', html)
+    assert 'type="radio" name="style" value="test_style"' in html
+    assert re.search(r'<select id="animegan-size" name="size">', html)
+    # the page's own CSS and JS come from the package (no CDN, nothing inline)
+    assert re.findall(r'(?:src|href)="(https?:)?//', html) == []
+    assert re.findall(r"<script[^>]*>", html) == [
+        '<script src="/animegan/static/animegan.js" defer>']
+    for asset, marker in (("animegan.css", b".animegan"), ("animegan.js", b"animegan-form")):
+        with client.get(f"/animegan/static/{asset}") as response:
+            assert response.status_code == 200 and marker in response.data
 
 
 def test_form_upload_redirects_to_a_result_page_with_both_pictures(client):
@@ -302,7 +308,7 @@ def test_styles_lists_installed_and_pullable_with_licences(client):
 
 
 def test_healthz_reports_threads_queue_and_cache(make_app):
-    app = make_app(ANIMEGAN_TORCH_THREADS=1)
+    app = make_app(ANIMEGAN_TORCH_THREADS=1, ANIMEGAN_SAMPLE_SIZE=0)  # samples load every style
     client = app.test_client()
     try:
         health = client.get("/animegan/healthz").json

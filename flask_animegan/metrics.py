@@ -1,0 +1,107 @@
+"""Prometheus metrics (``ANIMEGAN_METRICS``), served at ``{prefix}/metrics``.
+
+Under gunicorn the values must survive several worker processes: with
+``PROMETHEUS_MULTIPROC_DIR`` set (``gunicorn.conf.py`` sets it when metrics are on)
+prometheus_client keeps each process's values in files there, and a scrape, answered
+by whichever worker gets it, sums them all. Without it, the values live in this app's
+own registry, so two apps in one process never mix their counts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# Long-side classes for the latency histogram: a label per requested size would let
+# any client create new time series.
+SIZE_CLASSES = (128, 256, 512, 768, 1024, 2048)
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def size_class(long_side: int) -> str:
+    """The smallest class >= the long side, as a label value ("512"), or "larger"."""
+    for limit in SIZE_CLASSES:
+        if long_side <= limit:
+            return str(limit)
+    return "larger"
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+
+
+class Metrics:
+    """The extension's metrics; also receives the inference engine's events."""
+
+    def __init__(self) -> None:
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        except ImportError:
+            raise RuntimeError("ANIMEGAN_METRICS needs prometheus_client: "
+                               "pip install 'flask-animegan[metrics]'") from None
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter(
+            "animegan_requests", "Requests answered by the extension's routes.",
+            ["endpoint", "status"], registry=registry)
+        self.conversion_seconds = Histogram(
+            "animegan_conversion_seconds",
+            "Time to convert one upload (decode, cache, inference, encode), by style and "
+            "long-side class of the output.",
+            ["style", "size"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.stage_seconds = Histogram(
+            "animegan_stage_seconds", "Time spent in each stage of a conversion.",
+            ["stage"], buckets=STAGE_BUCKETS, registry=registry)
+        self.queue_depth = Gauge(
+            "animegan_queue_depth", "Conversions waiting for the model.",
+            registry=registry, multiprocess_mode="livesum")
+        self.in_flight = Gauge(
+            "animegan_in_flight", "Conversions running on the model now.",
+            registry=registry, multiprocess_mode="livesum")
+        self.cache_lookups = Counter(
+            "animegan_cache_lookups", "Result cache lookups, by result (hit or miss).",
+            ["result"], registry=registry)
+        self.cache_bytes = Gauge(
+            "animegan_cache_bytes", "Bytes held by the result cache.",
+            registry=registry, multiprocess_mode="livesum")
+        self.rate_limited = Counter(
+            "animegan_rate_limited", "Requests refused by the rate limit (429).",
+            registry=registry)
+        self.model_load_seconds = Gauge(
+            "animegan_model_load_seconds", "Seconds the last load of a style's weights took.",
+            ["style"], registry=registry, multiprocess_mode="max")
+
+    # -- engine events -------------------------------------------------------------
+    def queue_changed(self, in_flight: int, queued: int) -> None:
+        self.in_flight.set(in_flight)
+        self.queue_depth.set(queued)
+
+    def model_loaded(self, style: str, seconds: float) -> None:
+        self.model_load_seconds.labels(style).set(seconds)
+
+    # -- per request ---------------------------------------------------------------
+    def request_done(self, endpoint: str | None, status: int) -> None:
+        self.requests.labels(endpoint or "unknown", str(status)).inc()
+
+    def conversion_done(self, conversion: Any, cache_enabled: bool, cache_bytes: int) -> None:
+        total = sum(conversion.timings.values()) / 1000
+        self.conversion_seconds.labels(conversion.style,
+                                       size_class(max(conversion.size))).observe(total)
+        for stage, ms in conversion.timings.items():
+            self.stage_seconds.labels(stage).observe(ms / 1000)
+        if cache_enabled:
+            self.cache_lookups.labels("hit" if conversion.cache_hit else "miss").inc()
+            self.cache_bytes.set(cache_bytes)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The text format of every value (summed over worker processes if multiprocess)."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        registry = self.registry
+        if multiprocess_dir():
+            from prometheus_client import multiprocess
+
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST

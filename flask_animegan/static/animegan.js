@@ -1,0 +1,181 @@
+/* flask-animegan's upload page, enhanced: drop or paste a photo, preview it, convert it
+   without leaving the page, compare before and after, download. The page works without
+   this file (a plain form post); nothing here loads anything from another site. */
+(function () {
+  "use strict";
+
+  function initCompare(root) {
+    var range = root.querySelector(".animegan-compare-range");
+    var before = root.querySelector(".animegan-compare-before");
+    function update() {
+      // the left part shows the photo, the right part the anime picture
+      before.style.clipPath = "inset(0 " + (100 - Number(range.value)) + "% 0 0)";
+    }
+    range.addEventListener("input", update);
+    update();
+    root.hidden = false;
+  }
+
+  function stemOf(name) {
+    var stem = (name || "").replace(/\.[^.]*$/, "").replace(/[^\w.-]+/g, "_");
+    return stem || "photo";
+  }
+
+  function statusMessage(response) {
+    var wait = response.headers.get("Retry-After");
+    var messages = {
+      413: "the photo is too big for this server",
+      415: "that file is not a photo this server can read",
+      429: "too many conversions from your address" + (wait ? "; try again in " + wait + " s" : ""),
+      503: "the server is busy" + (wait ? "; try again in " + wait + " s" : "; try again soon")
+    };
+    return messages[response.status] || "the conversion failed (HTTP " + response.status + ")";
+  }
+
+  document.querySelectorAll("[data-animegan-compare]").forEach(function (root) {
+    if (!root.closest("[hidden]")) initCompare(root);
+  });
+
+  var form = document.getElementById("animegan-form");
+  if (!form || !window.fetch || !window.FormData) return;
+  document.documentElement.classList.add("animegan-js");
+
+  var input = document.getElementById("animegan-image");
+  var drop = document.getElementById("animegan-drop");
+  var preview = document.getElementById("animegan-preview");
+  var button = document.getElementById("animegan-submit");
+  var status = document.getElementById("animegan-status");
+  var errorBox = document.getElementById("animegan-error");
+  var panel = document.getElementById("animegan-result-panel");
+  var faceNote = document.getElementById("animegan-face-note");
+  var maxBytes = Number(form.dataset.maxBytes);
+  var photo = null;
+  var photoUrl = null;
+  var resultUrl = null;
+
+  function showError(message) {
+    errorBox.textContent = message.charAt(0).toUpperCase() + message.slice(1) + ".";
+    errorBox.hidden = false;
+  }
+
+  function clearError() {
+    errorBox.hidden = true;
+    errorBox.textContent = "";
+  }
+
+  function choose(file) {
+    if (!file) return;
+    clearError();
+    photo = file;
+    if (photoUrl) URL.revokeObjectURL(photoUrl);
+    photoUrl = URL.createObjectURL(file);
+    preview.src = photoUrl;
+    preview.hidden = false;
+    if (file.size > maxBytes) {
+      showError("this photo is " + (file.size / 1048576).toFixed(1) + " MiB; the limit is " +
+                form.dataset.maxBytesText);
+    }
+  }
+
+  function adopt(files) {
+    // keep the file input in step, so the form's own validation and a plain post agree
+    try { input.files = files; } catch (ignored) { /* old browsers: photo is kept anyway */ }
+    choose(files[0]);
+  }
+
+  input.addEventListener("change", function () { choose(input.files[0]); });
+
+  ["dragenter", "dragover"].forEach(function (type) {
+    drop.addEventListener(type, function (event) {
+      event.preventDefault();
+      drop.classList.add("animegan-dragging");
+    });
+  });
+  ["dragleave", "drop"].forEach(function (type) {
+    drop.addEventListener(type, function () { drop.classList.remove("animegan-dragging"); });
+  });
+  drop.addEventListener("drop", function (event) {
+    event.preventDefault();
+    if (event.dataTransfer.files.length) adopt(event.dataTransfer.files);
+  });
+
+  document.addEventListener("paste", function (event) {
+    var items = (event.clipboardData && event.clipboardData.files) || [];
+    if (!items.length) return;
+    event.preventDefault();
+    var transfer = new DataTransfer();
+    var file = items[0];
+    transfer.items.add(file.name && file.name !== "image.png" ? file :
+      new File([file], "pasted-photo." + (file.type.split("/")[1] || "png"), { type: file.type }));
+    adopt(transfer.files);
+  });
+
+  function updateFaceNote() {
+    var checked = form.querySelector("input[name=style]:checked");
+    faceNote.hidden = !(checked && checked.dataset.face === "1");
+  }
+  form.addEventListener("change", updateFaceNote);
+  updateFaceNote();
+
+  function showResult(blob, response, elapsed) {
+    var style = response.headers.get("X-AnimeGAN-Style") || "anime";
+    var ext = { "image/jpeg": "jpg", "image/png": "png", "image/webp": "webp" }[blob.type] || "jpg";
+    if (resultUrl) URL.revokeObjectURL(resultUrl);
+    resultUrl = URL.createObjectURL(blob);
+    var result = panel.querySelector("#animegan-result");
+    result.onload = function () {
+      panel.querySelector(".animegan-caption").textContent =
+        style + ", " + result.naturalWidth + "\u00d7" + result.naturalHeight;
+    };
+    result.alt = "The photo in the " + style + " style";
+    panel.querySelectorAll(".animegan-converted").forEach(function (img) { img.src = resultUrl; });
+    panel.querySelectorAll(".animegan-original").forEach(function (img) { img.src = photoUrl; });
+    var download = panel.querySelector("#animegan-download");
+    download.href = resultUrl;
+    download.download = stemOf(photo.name) + "-" + style + "." + ext;
+    panel.hidden = false;
+    initCompare(panel.querySelector("[data-animegan-compare]"));
+    status.textContent = "Done in " + elapsed + " s.";
+    panel.focus();
+  }
+
+  form.addEventListener("submit", function (event) {
+    event.preventDefault();
+    clearError();
+    if (!photo) { showError("choose a photo first"); return; }
+    if (photo.size > maxBytes) {
+      showError("this photo is too big; the limit is " + form.dataset.maxBytesText);
+      return;
+    }
+    var body = new FormData(form);
+    body.set("image", photo, photo.name || "photo");
+    var started = performance.now();
+    function elapsed() { return ((performance.now() - started) / 1000).toFixed(1); }
+    var timer = setInterval(function () { status.textContent = "Converting\u2026 " + elapsed() + " s"; }, 100);
+    status.textContent = "Converting\u2026";
+    button.disabled = true;
+    form.setAttribute("aria-busy", "true");
+    form.classList.add("animegan-busy");
+    fetch(form.dataset.convertUrl, { method: "POST", body: body, credentials: "same-origin",
+                                     headers: { Accept: "application/json" } })
+      .then(function (response) {
+        if (response.ok) {
+          return response.blob().then(function (blob) { showResult(blob, response, elapsed()); });
+        }
+        status.textContent = "";
+        return response.json().then(
+          function (answer) { showError(answer.error || statusMessage(response)); },
+          function () { showError(statusMessage(response)); });
+      })
+      .catch(function () {
+        status.textContent = "";
+        showError("the server could not be reached; check your connection and try again");
+      })
+      .then(function () {
+        clearInterval(timer);
+        button.disabled = false;
+        form.removeAttribute("aria-busy");
+        form.classList.remove("animegan-busy");
+      });
+  });
+})();
