@@ -3,7 +3,7 @@ the system chromedriver, against the real gunicorn serving the example app with 
 ``toon_demo`` style.
 
 Screenshots of the result pages (a real photo, really converted) are saved under
-``artifacts/screenshots/`` (``ANIMEGAN_SCREENSHOTS`` moves them).
+``artifacts/screenshots/`` (``SCREENSHOTS_DIR`` moves them).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.server, pytest.mark.browser]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-SCREENSHOTS = Path(os.environ.get("ANIMEGAN_SCREENSHOTS", REPO / "artifacts" / "screenshots"))
+SCREENSHOTS = Path(os.environ.get("SCREENSHOTS_DIR", REPO / "artifacts" / "screenshots"))
 WAIT = 90  # seconds: a conversion on a busy 2-core machine
 
 

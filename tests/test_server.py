@@ -47,11 +47,14 @@ def test_browser_form_upload_shows_the_converted_photo(server):
     session = requests.Session()
     page = session.get(f"{server.url}/animegan/", timeout=10)
     assert 'enctype="multipart/form-data"' in page.text
+    # the example app has a SECRET_KEY, so the form carries a CSRF token in the session
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page.text).group(1)
     result = session.post(f"{server.url}/animegan/upload", timeout=60,
                           files={"image": ("coffee.jpg", photo_bytes("coffee"))},
-                          data={"style": "test_style", "size": "256"})
+                          data={"style": "test_style", "size": "256", "csrf_token": token})
     assert result.status_code == 200 and result.history[0].status_code == 303
-    sources = re.findall(r'<img[^>]+src="([^"]+)"', result.text)
+    pair = result.text.split('class="animegan-pair"', 1)[1].split("</div>", 1)[0]
+    sources = re.findall(r'<img[^>]+src="([^"]+)"', pair)
     assert len(sources) == 2
     original, anime = (open_image(session.get(server.url + s, timeout=10).content)
                        for s in sources)

@@ -70,10 +70,13 @@ def test_a_fresh_clone_serves_the_shipped_style_by_default(tmp_path):
         health = requests.get(f"{server.url}/animegan/healthz", timeout=10).json()
         assert health["default_style"] == "toon_demo" and health["status"] == "ok"
         session = requests.Session()
+        form = session.get(f"{server.url}/animegan/", timeout=10).text
+        token = re.search(r'name="csrf_token" value="([^"]+)"', form).group(1)
         page = session.post(f"{server.url}/animegan/upload", timeout=120,
-                            files={"image": ("me.jpg", photo_bytes("astronaut"))})
+                            files={"image": ("me.jpg", photo_bytes("astronaut"))},
+                            data={"csrf_token": token})
         assert page.status_code == 200
-        anime_url = re.search(r'id="animegan-result" src="([^"]+)"', page.text).group(1)
+        anime_url = re.search(r'id="animegan-result"[^>]* src="([^"]+)"', page.text).group(1)
         result = open_image(session.get(server.url + anime_url, timeout=10).content)
         source = photo("astronaut")
         assert result.size == source.size == (512, 512)

@@ -5,6 +5,9 @@
   "use strict";
 
   function initCompare(root) {
+    root.hidden = false;
+    if (root.dataset.ready) return;
+    root.dataset.ready = "1";
     var range = root.querySelector(".animegan-compare-range");
     var before = root.querySelector(".animegan-compare-before");
     function update() {
@@ -13,7 +16,6 @@
     }
     range.addEventListener("input", update);
     update();
-    root.hidden = false;
   }
 
   function stemOf(name) {
