@@ -276,7 +276,7 @@ def test_export_writes_torchscript_that_converts_like_the_style(make_app: Callab
 def test_export_of_an_unknown_style_fails_cleanly(app: Flask, tmp_path: Path) -> None:
     result = invoke(app, "export", "nope", "--torchscript", str(tmp_path / "x.ts"))
     assert result.exit_code != 0
-    assert "style 'nope' is not installed" in result.output
+    assert "style 'nope' is not installed" in result.stderr and result.stdout == ""
     assert not (tmp_path / "x.ts").exists()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import threading
+import time
 
 import pytest
 import requests
@@ -110,3 +112,37 @@ def test_counts_are_summed_over_gunicorn_workers(models_dir, tmp_path):
             assert value(samples, "animegan_model_load_seconds", style="test_style") > 0
     finally:
         server.stop()
+
+
+def test_queue_depth_and_in_flight_follow_the_engine(make_app):
+    app = make_app(ANIMEGAN_METRICS=True, ANIMEGAN_MAX_QUEUE=2)
+    engine = app.extensions["animegan"].engine
+    client = app.test_client()
+    release = threading.Event()
+
+    def gauges() -> tuple[float, float]:
+        samples = scrape(client.get("/animegan/metrics").get_data(as_text=True))
+        return value(samples, "animegan_in_flight"), value(samples, "animegan_queue_depth")
+
+    def hold() -> None:
+        with engine.slot():
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    waiter = threading.Thread(target=lambda: convert(app.test_client()))
+    try:
+        deadline = time.monotonic() + 30
+        while gauges() != (1, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gauges() == (1, 0)  # one running, none waiting
+        waiter.start()
+        while gauges() != (1, 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gauges() == (1, 1)  # the conversion waits for the model
+    finally:
+        release.set()
+        holder.join()
+        if waiter.is_alive() or waiter.ident:
+            waiter.join()
+    assert gauges() == (0, 0)
