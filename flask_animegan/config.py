@@ -186,8 +186,9 @@ def validate(config: Mapping[str, Any]) -> None:
                  "ANIMEGAN_PHASH_SIZE", "ANIMEGAN_MAX_LOADED_STYLES", "ANIMEGAN_QUEUE_TIMEOUT",
                  "ANIMEGAN_RESULT_TTL", "ANIMEGAN_RESULT_MAX_BYTES"):
         positive(name)
-    for name in ("ANIMEGAN_TRUSTED_PROXIES", "ANIMEGAN_CACHE_TTL", "ANIMEGAN_CACHE_MAX_BYTES", "ANIMEGAN_PHASH_MAX_DISTANCE",
-                 "ANIMEGAN_COLOR_TOLERANCE", "ANIMEGAN_MAX_QUEUE", "ANIMEGAN_WARMUP_SIZE", "ANIMEGAN_SAMPLE_SIZE"):
+    for name in ("ANIMEGAN_TRUSTED_PROXIES", "ANIMEGAN_CACHE_TTL", "ANIMEGAN_CACHE_MAX_BYTES",
+                 "ANIMEGAN_PHASH_MAX_DISTANCE", "ANIMEGAN_COLOR_TOLERANCE", "ANIMEGAN_MAX_QUEUE",
+                 "ANIMEGAN_WARMUP_SIZE", "ANIMEGAN_SAMPLE_SIZE"):
         positive(name, allow_zero=True)
     if config["ANIMEGAN_MAX_SIDE"] < 16:
         raise ValueError("ANIMEGAN_MAX_SIDE must be at least 16 pixels")

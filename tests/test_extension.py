@@ -169,3 +169,18 @@ def test_example_app_adds_the_extension_to_an_existing_site(models_dir, monkeypa
     response = client.post("/animegan/convert", data={"image": (io.BytesIO(photo_bytes()), "a.jpg")})
     assert response.status_code == 200
     assert max(Image.open(io.BytesIO(response.data)).size) == 64
+
+
+@pytest.mark.parametrize("raw,expected", [("1", True), ("true", True), ("On", True),
+                                          ("0", False), ("no", False), ("", False)])
+def test_switches_read_from_the_environment(raw, expected):
+    from flask_animegan.config import from_environ
+
+    assert from_environ({"ANIMEGAN_METRICS": raw}) == {"ANIMEGAN_METRICS": expected}
+
+
+def test_a_switch_with_an_unclear_value_says_which_values_work():
+    from flask_animegan.config import from_environ
+
+    with pytest.raises(ValueError, match="ANIMEGAN_CSRF='maybe' must be one of 1, true"):
+        from_environ({"ANIMEGAN_CSRF": "maybe"})
