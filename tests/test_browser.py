@@ -117,9 +117,14 @@ def not_a_photo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def wait_for(condition: Callable[[], object], timeout: float = WAIT, what: str = "") -> object:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = condition()
+        try:
+            value = condition()
+        except (NoSuchElementException, StaleElementReferenceException):
+            value = None  # the next page is still loading
         if value:
             return value
         time.sleep(0.1)
