@@ -49,6 +49,15 @@ OFFICIAL_STYLES: dict[str, KnownStyle] = {
 }
 
 
+#: Styles that ship with the repository (not pullable): what the page says about them.
+#: The file could be anything a user put there under that name, so no hash is implied.
+SHIPPED_STYLES: dict[str, tuple[str, str]] = {
+    "toon_demo": ("MIT (this project; see models/README.md)",
+                  "A soft cartoon look distilled from a classic filter into this network; "
+                  "not an official AnimeGANv2 style (pull paprika for that)."),
+}
+
+
 def known_styles(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, KnownStyle]:
     """The official styles plus ``ANIMEGAN_EXTRA_STYLES`` entries (which may override them)."""
     styles = dict(OFFICIAL_STYLES)

@@ -24,7 +24,7 @@ from PIL import Image
 from torch import nn
 
 from . import imaging
-from .catalog import STYLE_NAME, KnownStyle
+from .catalog import SHIPPED_STYLES, STYLE_NAME, KnownStyle
 from .errors import Overloaded, StyleUnavailable, UnknownStyle
 from .weights import WeightsError, find_style_files, load_generator
 
@@ -126,11 +126,13 @@ class InferenceEngine:
         styles = {}
         for name, path in find_style_files(self.models_dir).items():
             known = self.catalog.get(name)
-            styles[name] = Style(
-                name, path, face=bool(known and known.face),
-                licence=known.licence if known else "unknown (a file you installed)",
-                description=known.description if known else "",
-            )
+            if known is not None:
+                licence, description = known.licence, known.description
+            else:
+                licence, description = SHIPPED_STYLES.get(
+                    name, ("unknown (a file you installed)", ""))
+            styles[name] = Style(name, path, face=bool(known and known.face), licence=licence,
+                                 description=description)
         self._styles = styles
 
     @property
