@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import os
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from flask import current_app

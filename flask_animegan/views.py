@@ -45,6 +45,11 @@ def _security_headers(response: Response) -> Response:
     policy = current_app.config.get("ANIMEGAN_CONTENT_SECURITY_POLICY")
     if policy:
         response.headers.setdefault("Content-Security-Policy", policy)
+    return response
+
+
+@blueprint.after_request
+def _count_request(response: Response) -> Response:
     metrics = get_service().metrics
     if metrics is not None:
         metrics.request_done(request.endpoint, response.status_code)
