@@ -1,22 +1,41 @@
-"""flask-animegan: photo-to-anime conversion (AnimeGANv2) for Flask apps, fast on CPUs."""
+"""flask-animegan: photo-to-anime conversion (AnimeGANv2) for Flask apps, fast on CPUs.
+
+The public names are imported on first use: importing a light submodule (the upload
+decoder that runs in helper processes, ``flask_animegan.decoding``) must not import
+torch.
+"""
 
 from __future__ import annotations
 
-from . import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
-from .errors import ConversionError
-from .extension import AnimeGAN
-from .generator import Generator
-from .service import AnimeGANService, get_service
-from .weights import WeightsError, load_generator
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AnimeGAN",
-    "AnimeGANService",
-    "ConversionError",
-    "Generator",
-    "WeightsError",
-    "get_service",
-    "load_generator",
-]
+_EXPORTS = {
+    "AnimeGAN": ".extension",
+    "AnimeGANService": ".service",
+    "ConversionError": ".errors",
+    "Generator": ".generator",
+    "WeightsError": ".weights",
+    "get_service": ".service",
+    "load_generator": ".weights",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .errors import ConversionError
+    from .extension import AnimeGAN
+    from .generator import Generator
+    from .service import AnimeGANService, get_service
+    from .weights import WeightsError, load_generator
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flask_animegan' has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value

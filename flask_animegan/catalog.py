@@ -14,7 +14,8 @@ NONCOMMERCIAL = ("non-commercial use only (converted from the original AnimeGANv
 UPSTREAM_PORT = "MIT (bryandlee/animegan2-pytorch)"
 
 #: Style names are plain identifiers; anything else never reaches a file path.
-STYLE_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]{0,63}$")
+#: Always use ``STYLE_NAME.fullmatch`` (``match`` with ``$`` accepts a trailing newline).
+STYLE_NAME = re.compile(r"[a-z0-9][a-z0-9_\-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def known_styles(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[s
     """The official styles plus ``ANIMEGAN_EXTRA_STYLES`` entries (which may override them)."""
     styles = dict(OFFICIAL_STYLES)
     for name, spec in (extra or {}).items():
-        if not STYLE_NAME.match(name):
+        if not STYLE_NAME.fullmatch(name):
             raise ValueError(f"ANIMEGAN_EXTRA_STYLES: {name!r} is not a valid style name "
                              "(lowercase letters, digits, '_' and '-')")
         if not re.fullmatch(r"[0-9a-f]{40}", str(spec.get("sha1", ""))) or not spec.get("url"):

@@ -57,8 +57,11 @@ def styles_command() -> None:
         crop = "  [faces: centre square]" if style["face_crop"] else ""
         click.echo(f"{style['name']:<20} {state}{crop}")
         click.echo(f"{'':<20} licence: {style['licence']}")
-        if style.get("error"):
-            click.echo(f"{'':<20} error: {style['error']}")
+        details = service.engine.broken_details().get(style["name"])
+        if details:
+            click.echo(f"{'':<20} error: {details}")
+    for file_name, why in service.engine.skipped.items():
+        click.echo(f"{file_name!r:<20} SKIPPED: {why}")
 
 
 class _DownloadProgress:

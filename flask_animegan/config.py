@@ -46,6 +46,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ANIMEGAN_MAX_PIXELS", 40_000_000,
             "Largest accepted image area (width x height) read from the file header, "
             "checked before decoding; guards against decompression bombs.", int),
+    Setting("ANIMEGAN_MAX_DECODE_BYTES", 192 * 1024 * 1024,
+            "Largest memory one decode may need: width x height x the bytes per pixel of "
+            "its mode (bit depth and bands) plus the RGB copy, read from the header "
+            "(JPEGs at their reduced decoding scale). Larger images get 413.", int),
+    Setting("ANIMEGAN_MAX_ASPECT_RATIO", 20.0,
+            "Largest ratio of an upload's long side to its short side; more gets 413.", float),
+    Setting("ANIMEGAN_MAX_JPEG_SCANS", 64,
+            "Most scans a JPEG may have (counted before decoding; a progressive JPEG is "
+            "decoded once per scan, real ones have about 10).", int),
+    Setting("ANIMEGAN_DECODE_ISOLATION", "process",
+            "`process`: decode uploads in helper processes with a memory limit, killed after "
+            "ANIMEGAN_DECODE_TIMEOUT; `thread`: decode in the server process (same checks "
+            "and gate, no hard limits).", str),
+    Setting("ANIMEGAN_DECODE_TIMEOUT", 5.0,
+            "Seconds one decode may take in its helper process before it is killed (413).",
+            float),
+    Setting("ANIMEGAN_DECODE_SLOTS", None,
+            "Uploads decoded at once per process (more wait, as for the model, up to "
+            "ANIMEGAN_MAX_QUEUE, else 503); unset uses the CPUs this process may run on.",
+            int),
     Setting("ANIMEGAN_RATE_LIMIT", "5 per minute",
             "flask-limiter limit for the upload and convert routes, per client address; "
             "empty disables it.", str),
@@ -56,6 +76,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Reverse proxies in front of the app that append to X-Forwarded-For; the rate "
             "limit keys on the address the outermost trusted one saw. 0: ignore the header.",
             int),
+    Setting("ANIMEGAN_CACHE_SCOPE", "client",
+            "Who shares cached results: `client` (default: only requests with the same "
+            "rate-limit key, the client address) or `global` (every client; a result then "
+            "reveals that someone converted the same photo recently).", str),
     Setting("ANIMEGAN_CACHE_TTL", 3600,
             "Seconds a cached result lives; 0 disables the cache.", int),
     Setting("ANIMEGAN_CACHE_MAX_BYTES", 64 * 1024 * 1024,
@@ -98,6 +122,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ANIMEGAN_EXTRA_STYLES", {},
             "Extra pullable styles: a mapping of name to a dict with `url`, `sha1` "
             "(git blob SHA-1) and optionally `licence`, `description`, `face`.", dict),
+    Setting("ANIMEGAN_HEALTH_DETAILS", "local",
+            "Who sees the details in `{prefix}/healthz` (styles, queue, cache, errors): "
+            "`local` (clients on loopback), `all` or `none`; others get only the status.",
+            str),
     Setting("ANIMEGAN_CONTENT_SECURITY_POLICY",
             "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; "
             "base-uri 'none'; form-action 'self'; frame-ancestors 'self'",
@@ -122,6 +150,9 @@ SETTINGS: tuple[Setting, ...] = (
 DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
 OUTPUT_FORMATS = ("jpeg", "png", "webp")
 PRECISIONS = ("auto", "fp32", "bf16")
+CACHE_SCOPES = ("client", "global")
+ISOLATIONS = ("process", "thread")
+HEALTH_DETAILS = ("local", "all", "none")
 
 
 def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -172,6 +203,12 @@ def torch_threads(config: Mapping[str, Any]) -> int:
     return int(value) if value else _available_cpus()
 
 
+def decode_slots(config: Mapping[str, Any]) -> int:
+    """Uploads decoded at once: the configured value, else the usable CPUs."""
+    value = config.get("ANIMEGAN_DECODE_SLOTS")
+    return int(value) if value else _available_cpus()
+
+
 def validate(config: Mapping[str, Any]) -> None:
     """Raise ValueError naming the key and the fix for any unusable setting."""
     def positive(name: str, allow_zero: bool = False) -> None:
@@ -184,7 +221,8 @@ def validate(config: Mapping[str, Any]) -> None:
 
     for name in ("ANIMEGAN_MAX_SIDE", "ANIMEGAN_MAX_UPLOAD_BYTES", "ANIMEGAN_MAX_PIXELS",
                  "ANIMEGAN_PHASH_SIZE", "ANIMEGAN_MAX_LOADED_STYLES", "ANIMEGAN_QUEUE_TIMEOUT",
-                 "ANIMEGAN_RESULT_TTL", "ANIMEGAN_RESULT_MAX_BYTES"):
+                 "ANIMEGAN_RESULT_TTL", "ANIMEGAN_RESULT_MAX_BYTES", "ANIMEGAN_MAX_DECODE_BYTES",
+                 "ANIMEGAN_MAX_JPEG_SCANS", "ANIMEGAN_DECODE_TIMEOUT"):
         positive(name)
     for name in ("ANIMEGAN_TRUSTED_PROXIES", "ANIMEGAN_CACHE_TTL", "ANIMEGAN_CACHE_MAX_BYTES",
                  "ANIMEGAN_PHASH_MAX_DISTANCE", "ANIMEGAN_COLOR_TOLERANCE", "ANIMEGAN_MAX_QUEUE",
@@ -197,11 +235,20 @@ def validate(config: Mapping[str, Any]) -> None:
             f"ANIMEGAN_OUTPUT_FORMAT={config['ANIMEGAN_OUTPUT_FORMAT']!r} is not one of "
             f"{', '.join(OUTPUT_FORMATS)}"
         )
+    if config["ANIMEGAN_MAX_ASPECT_RATIO"] < 1:
+        raise ValueError("ANIMEGAN_MAX_ASPECT_RATIO must be at least 1 (a square); the "
+                         f"default is {DEFAULTS['ANIMEGAN_MAX_ASPECT_RATIO']}")
+    for name, choices in (("ANIMEGAN_CACHE_SCOPE", CACHE_SCOPES),
+                          ("ANIMEGAN_DECODE_ISOLATION", ISOLATIONS),
+                          ("ANIMEGAN_HEALTH_DETAILS", HEALTH_DETAILS)):
+        if config[name] not in choices:
+            raise ValueError(f"{name}={config[name]!r} is not one of {', '.join(choices)}")
     if config["ANIMEGAN_PRECISION"] not in PRECISIONS:
         raise ValueError(f"ANIMEGAN_PRECISION={config['ANIMEGAN_PRECISION']!r} is not one of "
                          f"{', '.join(PRECISIONS)}")
     if not str(config["ANIMEGAN_URL_PREFIX"]).startswith("/"):
         raise ValueError("ANIMEGAN_URL_PREFIX must start with '/', e.g. '/animegan'")
-    threads = config.get("ANIMEGAN_TORCH_THREADS")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"ANIMEGAN_TORCH_THREADS={threads!r} must be a positive integer or unset")
+    for name in ("ANIMEGAN_TORCH_THREADS", "ANIMEGAN_DECODE_SLOTS"):
+        value = config.get(name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r} must be a positive integer or unset")

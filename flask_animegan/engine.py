@@ -9,6 +9,7 @@ turned away at once with a Retry-After estimate instead of piling up threads.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 import time
@@ -26,7 +27,9 @@ from torch import nn
 from . import imaging
 from .catalog import SHIPPED_STYLES, STYLE_NAME, KnownStyle
 from .errors import Overloaded, StyleUnavailable, UnknownStyle
-from .weights import WeightsError, find_style_files, load_generator
+from .weights import WeightsError, find_style_files, load_generator, skipped_style_files
+
+log = logging.getLogger("flask_animegan")
 
 #: Smallest side the network accepts; smaller inputs are edge-padded, then cropped back.
 MIN_SIDE = 16
@@ -108,17 +111,21 @@ class InferenceEngine:
         self.catalog = catalog
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
-        self._requested_default = default_style
         self._styles: dict[str, Style] = {}
         self._models: LRUCache = LRUCache(maxsize=max_loaded)
         self._default_model: nn.Module | None = None
-        self._broken: dict[str, tuple[str, float | None]] = {}  # name -> (error, file mtime)
+        # name -> (public message, details for the log and the CLI, file mtime)
+        self._broken: dict[str, tuple[str, str, float | None]] = {}
+        self.skipped: dict[str, str] = {}  # file name -> why it is not a style
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._pending = 0
         self._seconds_per_inference = 1.0
         self.rescan()
+        #: Fixed here, once: files that appear later (``flask animegan pull``) never
+        #: change which style a request without ``style`` gets.
+        self.default_style: str | None = default_style or self._preferred_default()
 
     # -- styles -----------------------------------------------------------------
     def rescan(self) -> None:
@@ -134,15 +141,17 @@ class InferenceEngine:
             styles[name] = Style(name, path, face=bool(known and known.face), licence=licence,
                                  description=description)
         self._styles = styles
+        skipped = skipped_style_files(self.models_dir)
+        for name, why in skipped.items():
+            if name not in self.skipped:
+                log.warning("flask_animegan: ignoring %s in %s: %s", name, self.models_dir, why)
+        self.skipped = skipped
 
     @property
     def styles(self) -> dict[str, Style]:
         return dict(self._styles)
 
-    @property
-    def default_style(self) -> str | None:
-        if self._requested_default:
-            return self._requested_default
+    def _preferred_default(self) -> str | None:
         for name in PREFERRED_DEFAULTS:
             if name in self._styles:
                 return name
@@ -156,7 +165,7 @@ class InferenceEngine:
                 raise StyleUnavailable(
                     "no style is installed; run `flask animegan pull paprika` (or put a "
                     f"NAME.pt file into {self.models_dir}) and restart the server")
-        if not STYLE_NAME.match(name):
+        if not STYLE_NAME.fullmatch(name):
             raise UnknownStyle(f"{name!r} is not a valid style name")
         if name not in self._styles:
             self.rescan()
@@ -177,22 +186,37 @@ class InferenceEngine:
             if model is None:
                 # a file that failed to load is retried only once it has changed
                 failed = self._broken.get(style.name)
-                if failed and failed[1] == _mtime(style.path):
-                    raise StyleUnavailable(f"style {style.name!r} cannot be loaded: {failed[0]}")
+                if failed and failed[2] == _mtime(style.path):
+                    raise StyleUnavailable(failed[0])
                 try:
                     started = time.perf_counter()
                     model = self._prepare(load_generator(style.path))
                     if self.events is not None:
                         self.events.model_loaded(style.name, time.perf_counter() - started)
                 except WeightsError as exc:
-                    self._broken[style.name] = (str(exc), _mtime(style.path))
-                    raise StyleUnavailable(f"style {style.name!r} cannot be loaded: {exc}") from exc
+                    raise StyleUnavailable(self.mark_broken(style, str(exc))) from exc
                 self._broken.pop(style.name, None)
                 if style.name == self.default_style:
                     self._default_model = model  # pinned: never evicted
                 else:
                     self._models[style.name] = model
             return model
+
+    def mark_broken(self, style: Style, details: str) -> str:
+        """Record that ``style`` cannot serve; returns the public message.
+
+        The details (with the file's path) go to the log and ``flask animegan styles``;
+        visitors only learn that the style is unavailable.
+        """
+        public = (f"style {style.name!r} is unavailable: its weights cannot be used. "
+                  "The server's log says why; choose another style")
+        if self._broken.get(style.name, ("", ""))[1] != details:
+            log.error("flask_animegan: style %r cannot be used: %s", style.name, details)
+        self._broken[style.name] = (public, details, _mtime(style.path))
+        self._models.pop(style.name, None)
+        if style.name == self.default_style:
+            self._default_model = None
+        return public
 
     def load_default(self) -> tuple[nn.Module | None, str | None]:
         """Load the default style now (at startup): (model, None) or (None, why not)."""
@@ -235,12 +259,17 @@ class InferenceEngine:
 
     def run(self, image: Image.Image, style: str | None = None) -> Image.Image:
         """Convert an RGB image with ``style``; waits in the queue for the model."""
-        model = self.model(style)
+        chosen = self.style(style)
+        model = self.model(chosen.name)
         batch = imaging.to_tensor(image)
         with self.slot():
             started = time.perf_counter()
             out = self.forward(model, batch)
             elapsed = time.perf_counter() - started
+        if not bool(torch.isfinite(out).all()):
+            # never return (or cache) what broken weights make of a photo
+            raise StyleUnavailable(self.mark_broken(
+                chosen, f"{chosen.path}: the network's output is not finite (NaN or inf)"))
         # per-pixel cost, smoothed, scaled to a 512 x 512 image for Retry-After estimates
         per_megapixel = elapsed / max(image.width * image.height / 262_144, 0.05)
         self._seconds_per_inference = 0.8 * self._seconds_per_inference + 0.2 * per_megapixel
@@ -295,6 +324,10 @@ class InferenceEngine:
         if side > 0 and self._default_model is not None:
             self.forward(self._default_model, torch.zeros(1, 3, side, side))
 
+    def broken_details(self) -> dict[str, str]:
+        """Why each broken style fails, with file paths: for the CLI and the log only."""
+        return {name: details for name, (_, details, _) in self._broken.items()}
+
     def status(self) -> dict[str, Any]:
         with self._state_lock:
             in_flight = 1 if self._run_lock.locked() else 0
@@ -306,7 +339,7 @@ class InferenceEngine:
             "default_style": self.default_style,
             "installed": sorted(self._styles),
             "loaded": loaded,
-            "broken": {name: message for name, (message, _) in self._broken.items()},
+            "broken": {name: public for name, (public, _, _) in self._broken.items()},
             "torch_threads": torch.get_num_threads(),
             "torch_interop_threads": torch.get_num_interop_threads(),
             "precision": self.precision,

@@ -2,38 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, current_app, request
+from flask import Flask
 from flask_limiter import Limiter
 
+from . import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
 from . import config as settings
 from .cache import NearDuplicateCache, ResultStore
 from .catalog import known_styles
+from .clients import client_address
+from .decoders import Decoder
+from .decoding import DecodeLimits
 from .engine import InferenceEngine, configure_torch_threads
 from .metrics import Metrics
 from .service import AnimeGANService, get_service
-from .views import LIMITED_ENDPOINTS, blueprint
+from .views import LIMITED_ENDPOINTS, blueprint, routing_error_response
 
 EXTENSION_KEY = "animegan"
-
-
-def client_address() -> str:
-    """The client's address for rate limiting.
-
-    ``X-Forwarded-For`` is used only with ``ANIMEGAN_TRUSTED_PROXIES`` = N > 0, and then
-    only the address the outermost of those N proxies saw (as Werkzeug's ProxyFix does),
-    so a client cannot pick its own identity by sending the header.
-    """
-    hops = current_app.config.get("ANIMEGAN_TRUSTED_PROXIES") or 0
-    if hops:
-        chain = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",")]
-        chain = [part for part in chain if part]
-        if len(chain) >= hops:
-            return chain[-hops]
-    return request.remote_addr or "unknown"
+#: The package logs here (the startup line, one line per conversion); gunicorn.conf.py
+#: sends it to gunicorn's error log.
+log = logging.getLogger("flask_animegan")
 
 
 class AnimeGAN:
@@ -85,11 +77,11 @@ class AnimeGAN:
         # the design card: the model is registered in app.config at startup
         cfg["ANIMEGAN_MODEL"] = model
         if model is None:
-            app.logger.warning("flask_animegan: the default style is not usable, conversions "
-                               "will answer 503: %s", problem)
+            log.warning("flask_animegan: the default style is not usable, conversions "
+                        "will answer 503: %s", problem)
         else:
-            app.logger.info("flask_animegan: style %r loaded (%s) and warmed up in %.2f s",
-                            engine.default_style, engine.precision, time.perf_counter() - started)
+            log.info("flask_animegan: style %r loaded (%s) and warmed up in %.2f s",
+                     engine.default_style, engine.precision, time.perf_counter() - started)
 
         ttl = cfg["ANIMEGAN_CACHE_TTL"]
         cache = NearDuplicateCache(
@@ -99,11 +91,24 @@ class AnimeGAN:
         )
         results = ResultStore(max_bytes=cfg["ANIMEGAN_RESULT_MAX_BYTES"],
                               ttl=cfg["ANIMEGAN_RESULT_TTL"])
+        decoder = Decoder(
+            limits=DecodeLimits(max_pixels=cfg["ANIMEGAN_MAX_PIXELS"],
+                                max_bytes=cfg["ANIMEGAN_MAX_DECODE_BYTES"],
+                                max_aspect=cfg["ANIMEGAN_MAX_ASPECT_RATIO"],
+                                max_scans=cfg["ANIMEGAN_MAX_JPEG_SCANS"]),
+            isolation=cfg["ANIMEGAN_DECODE_ISOLATION"], timeout=cfg["ANIMEGAN_DECODE_TIMEOUT"],
+            slots=settings.decode_slots(cfg), max_queue=cfg["ANIMEGAN_MAX_QUEUE"],
+            queue_timeout=cfg["ANIMEGAN_QUEUE_TIMEOUT"])
+        decoder.start()
         limiter = self._limiter(app)
-        service = AnimeGANService(cfg, engine, cache, results, limiter, metrics)
+        service = AnimeGANService(cfg, engine, cache, results, limiter, decoder, metrics)
+        service.rate_limit_headers = not getattr(limiter, "_headers_enabled", False)
         service.make_samples()
         app.extensions[EXTENSION_KEY] = service
         app.register_blueprint(blueprint, url_prefix=cfg["ANIMEGAN_URL_PREFIX"])
+        # Requests under the prefix that match no route (404, 405, 308) never reach the
+        # blueprint's handlers; give them its headers and error bodies too.
+        app.after_request(routing_error_response)
         self._apply_limits(app, limiter, cfg["ANIMEGAN_RATE_LIMIT"])
 
     @staticmethod
@@ -117,7 +122,9 @@ class AnimeGAN:
         for existing in app.extensions.get("limiter", ()):
             if isinstance(existing, Limiter):
                 return existing
-        return Limiter(client_address, app=app, headers_enabled=True,
+        # Our views add the X-RateLimit-* headers (flask-limiter's would put Retry-After
+        # on every response, 200s included); 429s carry Retry-After from our handler.
+        return Limiter(client_address, app=app, headers_enabled=False,
                        storage_uri=app.config["ANIMEGAN_RATELIMIT_STORAGE_URI"])
 
     @staticmethod

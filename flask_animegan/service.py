@@ -15,6 +15,7 @@ from PIL import Image
 from . import imaging
 from .cache import NearDuplicateCache, ResultStore
 from .config import OUTPUT_FORMATS
+from .decoders import Decoder
 from .engine import MIN_SIDE, InferenceEngine
 from .errors import BadParameter, ConversionError
 from .metrics import Metrics
@@ -45,8 +46,12 @@ class AnimeGANService:
 
     def __init__(self, config: dict[str, Any], engine: InferenceEngine,
                  cache: NearDuplicateCache, results: ResultStore, limiter: Any,
-                 metrics: Metrics | None = None) -> None:
+                 decoder: Decoder, metrics: Metrics | None = None) -> None:
         self.engine = engine
+        self.decoder = decoder
+        self.cache_scope: str = config["ANIMEGAN_CACHE_SCOPE"]
+        self.rate_limit_headers = True  # False when the host's Limiter adds its own
+        self.health_details: str = config["ANIMEGAN_HEALTH_DETAILS"]
         self.cache = cache
         self.results = results
         self.limiter = limiter
@@ -93,8 +98,12 @@ class AnimeGANService:
         return self.engine.run(fitted, chosen.name)
 
     def convert_upload(self, data: bytes, style: str | None = None, size: Any = None,
-                       fmt: Any = None) -> Conversion:
-        """Decode an uploaded file, convert it (or reuse a cached result), encode it."""
+                       fmt: Any = None, client: str | None = None) -> Conversion:
+        """Decode an uploaded file, convert it (or reuse a cached result), encode it.
+
+        ``client`` is the cache scope key (the rate limit's client key): with
+        ANIMEGAN_CACHE_SCOPE = "client" results are shared only within it.
+        """
         chosen = self.engine.style(style)
         size = self.parse_size(size)
         fmt = self.parse_format(fmt)
@@ -107,11 +116,10 @@ class AnimeGANService:
             timings[stage] = round((now - clock) * 1000, 2)
             clock = now
 
-        decoded = imaging.decode_upload(data, max_pixels=self.max_pixels, size=size,
-                                        square=chosen.face)
-        fitted = imaging.fit(decoded, size, square=chosen.face)
+        fitted = self.decoder.decode(data, size=size, square=chosen.face)
         lap("decode")
-        namespace = (chosen.name, size, fmt)
+        scope = client if self.cache_scope == "client" else None
+        namespace = (scope, chosen.name, size, fmt)
         fingerprint = self.cache.fingerprint(fitted) if self.cache.enabled else None
         cached = self.cache.get(namespace, fingerprint) if fingerprint else None
         lap("cache")
@@ -173,7 +181,8 @@ class AnimeGANService:
             **({"error": broken[name]} if name in broken else {}),
         } for name in names]
 
-    def health(self) -> dict[str, Any]:
+    def health(self, details: bool = True) -> dict[str, Any]:
+        """``{"status": ...}`` (ok, degraded, no_model); with ``details``, the engine's state."""
         engine = self.engine.status()
         default = engine["default_style"]
         if default not in engine["installed"] or default in engine["broken"]:
@@ -182,7 +191,10 @@ class AnimeGANService:
             status = "degraded"
         else:
             status = "ok"
-        return {"status": status, "pid": os.getpid(), **engine, "cache": self.cache.stats()}
+        if not details:
+            return {"status": status}
+        return {"status": status, "pid": os.getpid(), **engine, "cache": self.cache.stats(),
+                "decoder": self.decoder.status()}
 
 
 def get_service() -> AnimeGANService:

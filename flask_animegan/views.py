@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
 from flask import (Blueprint, Response, abort, current_app, jsonify, make_response, redirect,
                    render_template, request, url_for)
 from flask_limiter.errors import RateLimitExceeded
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from . import csrf
 from .cache import StoredResult
+from .clients import client_key, is_loopback
 from .config import OUTPUT_FORMATS
 from .errors import BadImage, ConversionError, UnsupportedImage
 from .imaging import encode
@@ -29,23 +31,67 @@ LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert"})
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
 #: Output sizes the form offers (those up to ANIMEGAN_MAX_SIDE, and the maximum itself).
 FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
+#: Fields the form and the API read; a form with many more parts is not ours.
+MAX_FORM_PARTS = 32
+log = logging.getLogger("flask_animegan")
 
 
 @blueprint.before_request
 def _bound_request_body() -> None:
-    # Werkzeug answers 413 from Content-Length before reading the body (and stops
-    # reading a chunked body at the limit).
-    request.max_content_length = get_service().max_upload_bytes
+    # Werkzeug answers 413 from Content-Length before reading the body. A chunked
+    # body has no length: Werkzeug then stops reading at the limit without an error,
+    # so allow one byte more and refuse the body if it gets there (_read_upload).
+    limit = get_service().max_upload_bytes
+    request.max_content_length = limit if request.content_length is not None else limit + 1
+    request.max_form_parts = MAX_FORM_PARTS
 
 
-@blueprint.after_request
-def _security_headers(response: Response) -> Response:
+def add_security_headers(response: Response) -> Response:
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")
     policy = current_app.config.get("ANIMEGAN_CONTENT_SECURITY_POLICY")
     if policy:
         response.headers.setdefault("Content-Security-Policy", policy)
     return response
+
+
+@blueprint.after_request
+def _security_headers(response: Response) -> Response:
+    return add_security_headers(response)
+
+
+@blueprint.after_request
+def _rate_limit_headers(response: Response) -> Response:
+    """X-RateLimit-* on the limited routes; Retry-After only where it means something."""
+    service = get_service()
+    current = service.limiter.current_limit if service.rate_limit_headers else None
+    if current is not None and request.endpoint in LIMITED_ENDPOINTS:
+        response.headers.setdefault("X-RateLimit-Limit", str(current.limit.amount))
+        response.headers.setdefault("X-RateLimit-Remaining", str(current.remaining))
+        response.headers.setdefault("X-RateLimit-Reset", str(int(current.reset_at)))
+    if response.status_code not in (429, 503):
+        response.headers.pop("Retry-After", None)
+    return response
+
+
+def routing_error_response(response: Response) -> Response:
+    """For requests under the prefix that matched no route: our headers and error body.
+
+    Registered on the app (blueprint handlers never see routing errors); requests
+    outside the prefix are left exactly as the host app answered them.
+    """
+    if request.routing_exception is None or request.blueprint is not None:
+        return response
+    prefix = current_app.config["ANIMEGAN_URL_PREFIX"].rstrip("/")
+    if not (request.path == prefix or request.path.startswith(prefix + "/")):
+        return response
+    if response.status_code >= 400 and response.mimetype != "application/json":
+        error = request.routing_exception
+        message = getattr(error, "description", None) or response.status
+        body = jsonify(error=message, status=response.status_code)
+        response.set_data(body.get_data())
+        response.mimetype = "application/json"
+    return add_security_headers(response)
 
 
 @blueprint.after_request
@@ -66,7 +112,7 @@ def _log_conversion(status: int, conversion: Conversion | None = None,
                       cache="hit" if conversion.cache_hit else "miss", ms=conversion.timings)
     if error is not None:
         record["error"] = error
-    current_app.logger.info("animegan.conversion %s", json.dumps(record, sort_keys=True))
+    log.info("animegan.conversion %s", json.dumps(record, sort_keys=True))
 
 
 def _read_upload() -> tuple[bytes, Any]:
@@ -84,6 +130,8 @@ def _read_upload() -> tuple[bytes, Any]:
         raise UnsupportedImage(f"Content-Type {request.mimetype} is not an image; send "
                                "multipart/form-data with field 'image' or the raw image")
     data = request.get_data(cache=False)
+    if len(data) > get_service().max_upload_bytes:  # a chunked body past the limit
+        raise RequestEntityTooLarge()
     if not data:
         raise BadImage("no image: send multipart/form-data with the photo in field 'image', "
                        "or the raw image as the request body")
@@ -94,7 +142,8 @@ def _convert_request() -> Conversion:
     data, params = _read_upload()
     service = get_service()
     conversion = service.convert_upload(data, style=params.get("style") or None,
-                                        size=params.get("size"), fmt=params.get("format"))
+                                        size=params.get("size"), fmt=params.get("format"),
+                                        client=client_key(service.limiter))
     _log_conversion(200, conversion)
     if service.metrics is not None:
         service.metrics.conversion_done(conversion, service.cache.enabled,
@@ -212,7 +261,11 @@ def metrics() -> Response:
 
 @blueprint.get("/healthz")
 def healthz() -> Response:
-    health = get_service().health()
+    """The status for load balancers; details (ANIMEGAN_HEALTH_DETAILS) for operators."""
+    service = get_service()
+    show = service.health_details == "all" or (
+        service.health_details == "local" and is_loopback(client_key(None)))
+    health = service.health(details=show)
     return make_response(jsonify(health), 503 if health["status"] == "no_model" else 200)
 
 
@@ -254,7 +307,12 @@ def _rate_limited(error: RateLimitExceeded) -> Response:
 
 @blueprint.errorhandler(HTTPException)
 def _http_error(error: HTTPException) -> Response:
-    if error.code == 413:
+    limit = get_service().max_upload_bytes
+    if (error.code == 413 and request.mimetype == "multipart/form-data"
+            and request.content_length is not None and request.content_length <= limit):
+        message = (f"the form has more than {MAX_FORM_PARTS} parts or a text field is too "
+                   "large; send only the fields image, style, size, format and csrf_token")
+    elif error.code == 413:
         message = f"the upload is too large; the limit is {_size(get_service().max_upload_bytes)}"
     else:
         message = error.description or error.name

@@ -38,9 +38,21 @@ def find_style_files(models_dir: Path) -> dict[str, Path]:
     if not models_dir.is_dir():
         return found
     for path in sorted(models_dir.iterdir()):
-        if path.suffix in WEIGHT_SUFFIXES and STYLE_NAME.match(path.stem) and path.is_file():
+        if path.suffix in WEIGHT_SUFFIXES and STYLE_NAME.fullmatch(path.stem) and path.is_file():
             found.setdefault(path.stem, path)
     return found
+
+
+def skipped_style_files(models_dir: Path) -> dict[str, str]:
+    """Weights files in ``models_dir`` that are not served, with the reason (for warnings)."""
+    skipped: dict[str, str] = {}
+    if not models_dir.is_dir():
+        return skipped
+    for path in sorted(models_dir.iterdir()):
+        if path.suffix in WEIGHT_SUFFIXES and not STYLE_NAME.fullmatch(path.stem):
+            skipped[path.name] = ("not a valid style name (lowercase letters, digits, '_' and "
+                                  "'-', at most 64, starting with a letter or digit); rename it")
+    return skipped
 
 
 def is_torchscript(path: Path) -> bool:
@@ -81,6 +93,12 @@ def load_generator(path: Path) -> nn.Module:
             if keys:
                 details.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
         raise WeightsError(f"{path}: not AnimeGANv2 generator weights: {'; '.join(details)}")
+    not_finite = sorted(k for k, v in state.items()
+                        if v.is_floating_point() and not bool(torch.isfinite(v).all()))
+    if not_finite:
+        raise WeightsError(f"{path}: {len(not_finite)} tensors hold NaN or infinite values "
+                           f"(e.g. {', '.join(not_finite[:3])}); the file is corrupt, "
+                           "re-download or retrain it")
     # fp16 files are upcast: inference runs in float32.
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     return model.eval().requires_grad_(False)
@@ -100,4 +118,6 @@ def _load_torchscript(path: Path) -> nn.Module:
                            f"({exc.__class__.__name__})") from exc
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, 3, 32, 32):
         raise WeightsError(f"{path}: TorchScript module must map (N,3,H,W) to (N,3,H,W)")
+    if not bool(torch.isfinite(out).all()):
+        raise WeightsError(f"{path}: TorchScript module gives NaN or infinite values")
     return module

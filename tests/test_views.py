@@ -231,7 +231,7 @@ def test_no_weights_at_all_page_explains_and_api_is_503(make_app, tmp_path):
     assert health.status_code == 503 and health.json["status"] == "no_model"
 
 
-def test_a_broken_style_is_503_and_the_others_keep_working(make_app, tmp_path):
+def test_a_broken_style_is_503_and_the_others_keep_working(make_app, tmp_path, caplog):
     save_random_generator(tmp_path / "good.pt", seed=0)
     (tmp_path / "broken.pt").write_bytes(b"\x00" * 1000)
     torch.save({"only": torch.zeros(3)}, tmp_path / "wrongkeys.pt")
@@ -239,13 +239,20 @@ def test_a_broken_style_is_503_and_the_others_keep_working(make_app, tmp_path):
     for style in ("broken", "wrongkeys"):
         response = convert(client, photo_bytes(), f"?style={style}")
         assert response.status_code == 503
-        assert f"{style}.pt" in response.json["error"]
+        # visitors learn which style, never where the server keeps its files ...
+        assert f"'{style}'" in response.json["error"]
+        assert str(tmp_path) not in response.get_data(as_text=True)
+        # ... the log has the details
+        assert str(tmp_path / f"{style}.pt") in caplog.text
     assert convert(client, photo_bytes(), "?style=good").status_code == 200
     health = client.get("/animegan/healthz").json
     assert health["status"] == "degraded"
     assert set(health["broken"]) == {"broken", "wrongkeys"}
     styles = {s["name"]: s for s in client.get("/animegan/styles").json["styles"]}
     assert styles["broken"]["usable"] is False and styles["good"]["usable"] is True
+    for public in (client.get("/animegan/styles"), client.get("/animegan/healthz"),
+                   client.get("/animegan/"), convert(client, photo_bytes(), "?style=broken")):
+        assert str(tmp_path) not in public.get_data(as_text=True)
 
 
 def test_overload_gives_503_with_retry_after(make_app):

@@ -1,0 +1,99 @@
+"""A helper process that decodes uploads for :mod:`flask_animegan.decoders`.
+
+Run as ``python -m flask_animegan.decode_worker``; it imports Pillow and NumPy only.
+It reads requests from stdin and writes answers to stdout, one at a time:
+
+* request: ``>II`` (header length, data length), a JSON header
+  (``size``, ``square``, ``limits``, ``memory``), then the file's bytes;
+* answer: ``>II`` (header length, payload length), a JSON header (``ok``, ``width``,
+  ``height``, or ``error`` and ``message``), then the RGB pixels of the fitted image.
+
+Each decode runs under an address-space limit of ``memory`` bytes above what the
+process already uses, so a file that needs more fails here, not in the server. The
+server kills a helper that takes too long and starts another. It exits when stdin
+closes (its server is gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import struct
+import sys
+from typing import BinaryIO
+
+from .decoding import DecodeLimits, decode_upload
+from .errors import BadImage, ConversionError, ImageTooLarge
+
+FRAME = struct.Struct(">II")
+
+
+def read_exact(stream: BinaryIO, count: int) -> bytes | None:
+    """``count`` bytes from ``stream``, or None at end of file."""
+    chunks, remaining = [], count
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _address_space() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * resource.getpagesize()
+
+
+def _answer(out: BinaryIO, header: dict, payload: bytes = b"") -> None:
+    head = json.dumps(header).encode()
+    out.write(FRAME.pack(len(head), len(payload)) + head)
+    out.write(payload)
+    out.flush()
+
+
+def _decode(request: dict, data: bytes) -> tuple[dict, bytes]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = _address_space() + int(request["memory"])
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+        try:
+            image = decode_upload(data, DecodeLimits(**request["limits"]),
+                                  size=int(request["size"]), square=bool(request["square"]))
+            pixels = image.tobytes()
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    except ConversionError as exc:
+        return {"ok": False, "error": exc.__class__.__name__, "message": str(exc)}, b""
+    except MemoryError:
+        return {"ok": False, "error": ImageTooLarge.__name__,
+                "message": "the image needs more memory to decode than this server allows; "
+                           "send a smaller image"}, b""
+    except Exception as exc:  # noqa: BLE001 - never die on a file
+        return {"ok": False, "error": BadImage.__name__,
+                "message": f"the file cannot be decoded ({exc.__class__.__name__})"}, b""
+    return {"ok": True, "width": image.width, "height": image.height}, pixels
+
+
+def main() -> None:
+    # Answers go to the original stdout; anything a library prints goes to stderr.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    stdin = sys.stdin.buffer
+    while True:
+        frame = read_exact(stdin, FRAME.size)
+        if frame is None:
+            return
+        head_len, data_len = FRAME.unpack(frame)
+        head = read_exact(stdin, head_len)
+        data = read_exact(stdin, data_len)
+        if head is None or data is None:
+            return
+        _answer(out, *_decode(json.loads(head), data))
+
+
+if __name__ == "__main__":
+    main()
