@@ -52,7 +52,7 @@ SETTINGS: tuple[Setting, ...] = (
             "(JPEGs at their reduced decoding scale). Larger images get 413.", int),
     Setting("ANIMEGAN_MAX_ASPECT_RATIO", 20.0,
             "Largest ratio of an upload's long side to its short side; more gets 413.", float),
-    Setting("ANIMEGAN_MAX_JPEG_SCANS", 64,
+    Setting("ANIMEGAN_MAX_JPEG_SCANS", 32,
             "Most scans a JPEG may have (counted before decoding; a progressive JPEG is "
             "decoded once per scan, real ones have about 10).", int),
     Setting("ANIMEGAN_DECODE_ISOLATION", "process",

@@ -53,7 +53,7 @@ class DecodeLimits:
     max_pixels: int = 40_000_000
     max_bytes: int = 192 * 1024 * 1024
     max_aspect: float = 20.0
-    max_scans: int = 64
+    max_scans: int = 32
 
 
 def storage_bytes(mode: str) -> int:
@@ -167,8 +167,7 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
                 "pixels or 8 bits per channel)")
         orientation = _orientation(image)
         image.load()  # the first frame of an animation
-        upright_size = image.size[::-1] if orientation in _SWAPS_SIDES else image.size
-        image = fit(to_rgb(image), size, square=square, final_size=upright_size)
+        image = fit(to_rgb(image), size, square=square, source_size=(width, height))
         if orientation in _TRANSPOSE:
             image = image.transpose(_TRANSPOSE[orientation])
         return image
@@ -203,7 +202,6 @@ _TRANSPOSE = {
     6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-_SWAPS_SIDES = frozenset({5, 6, 7, 8})
 
 
 def _orientation(image: Image.Image) -> int:
@@ -252,7 +250,8 @@ def _to_8bit_gray(image: Image.Image) -> Image.Image:
     if image.mode.startswith("I;16") or array.dtype == np.uint16:
         return Image.fromarray((array >> 8).astype(np.uint8), "L")
     if array.dtype.kind == "f":
-        array = np.nan_to_num(array.astype(np.float32, copy=False), copy=False,
+        # one float32 copy (np.asarray of a Pillow image is read-only)
+        array = np.nan_to_num(array.astype(np.float32, copy=True), copy=False,
                               nan=0.0, posinf=0.0, neginf=0.0)
         low, high = float(array.min(initial=0.0)), float(array.max(initial=0.0))
         if low >= 0.0 and high <= 1.0:
@@ -279,21 +278,21 @@ def output_size(width: int, height: int, size: int) -> tuple[int, int]:
 
 
 def fit(image: Image.Image, size: int, square: bool = False,
-        final_size: tuple[int, int] | None = None) -> Image.Image:
+        source_size: tuple[int, int] | None = None) -> Image.Image:
     """Crop the centre square if ``square``, then downscale so the long side is <= ``size``.
 
-    ``final_size``: the upright size when the image is still to be rotated by 90 degrees
-    (its sides swapped), so that the rounding matches fitting the rotated image.
+    ``source_size``: the file's full dimensions when ``image`` was decoded at a reduced
+    scale (JPEG draft), so the output size follows the sizing rule exactly. (The rule
+    is symmetric in width and height, so a later 90-degree turn does not change it.)
     """
+    full_width, full_height = source_size or image.size
     if square:
         width, height = image.size
         side = min(width, height)
         left, top = (width - side) // 2, (height - side) // 2
         image = image.crop((left, top, left + side, top + side))
-    swapped = final_size is not None and final_size != image.size and not square
-    target = output_size(*(image.size[::-1] if swapped else image.size), size)
-    if swapped:
-        target = target[::-1]
+        full_width = full_height = min(full_width, full_height)
+    target = output_size(full_width, full_height, size)
     if target != image.size:
         image = image.resize(target, Image.Resampling.LANCZOS, reducing_gap=3.0)
     return image
