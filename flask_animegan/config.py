@@ -74,7 +74,8 @@ SETTINGS: tuple[Setting, ...] = (
             "share counts between workers and hosts.", str),
     Setting("ANIMEGAN_TRUSTED_PROXIES", 0,
             "Reverse proxies in front of the app that append to X-Forwarded-For; the rate "
-            "limit keys on the address the outermost trusted one saw. 0: ignore the header.",
+            "limit keys on the address the outermost trusted one saw (entries that are not IP "
+            "addresses are ignored). They must be the only way in. 0: ignore the header.",
             int),
     Setting("ANIMEGAN_CACHE_SCOPE", "client",
             "Who shares cached results: `client` (default: only requests with the same "
