@@ -34,16 +34,54 @@ worker_class = "gthread"
 # A 1024-px conversion on a slow CPU plus a queue of them: allow minutes, not 30 s.
 timeout = int(os.environ.get("ANIMEGAN_WORKER_TIMEOUT", "120"))
 graceful_timeout = int(os.environ.get("ANIMEGAN_GRACEFUL_TIMEOUT", "60"))
+# Slow clients. A connection that sends nothing takes no thread: gthread waits 5 s for
+# its first byte, then parks it and closes it `keepalive` seconds later, as it does idle
+# keep-alive connections. But once a request's first byte arrives, one thread reads its
+# head and the app reads its body with no time limit, so a client trickling a byte a
+# second holds a thread as long as it likes; `timeout` does not end that (it restarts a
+# worker whose main loop stops, and that loop runs whatever the threads do). Here we can
+# only bound the head's size (the body's is ANIMEGAN_MAX_UPLOAD_BYTES); bounding time
+# needs nginx in front (deploy/nginx.conf).
 keepalive = 5
-# Bound what a client can send in headers; the body limit is ANIMEGAN_MAX_UPLOAD_BYTES.
-limit_request_line = 8190
+limit_request_line = 8190  # method, path and query
 limit_request_fields = 100
+limit_request_field_size = 8190  # one header line
 accesslog = os.environ.get("ANIMEGAN_ACCESS_LOG", "-") or None  # empty: no access log
 errorlog = "-"
 loglevel = os.environ.get("ANIMEGAN_LOG_LEVEL", "info")
 
+# gunicorn 27 opens a control socket for `gunicornc` (show workers, add or remove them,
+# reload, shut down) at one path per user ($XDG_RUNTIME_DIR/gunicorn.ctl or
+# ~/.gunicorn/gunicorn.ctl), so a second instance takes the first's over and deletes it
+# when it stops. Off unless ANIMEGAN_CONTROL_SOCKET gives this instance a path of its own.
+_control_socket = os.environ.get("ANIMEGAN_CONTROL_SOCKET", "").strip()
+control_socket_disable = not _control_socket
+if _control_socket:
+    control_socket = _control_socket
+
 
 def post_fork(server, worker):
+    """Runs in each new worker before it loads the app."""
+    _log_the_package_to_the_error_log(server)
+    _keep_the_heap_flat()
+
+
+def _log_the_package_to_the_error_log(server):
+    """flask_animegan's lines (the style-loaded line at startup, one JSON line per
+    conversion) go to gunicorn's error log at its level (ANIMEGAN_LOG_LEVEL), unless
+    a logging config already gave that logger handlers of its own."""
+    import logging
+
+    package = logging.getLogger("flask_animegan")
+    if package.handlers:
+        return
+    for handler in server.log.error_log.handlers:
+        package.addHandler(handler)
+    package.setLevel(server.log.error_log.level)
+    package.propagate = False  # a root handler from a logging config would repeat them
+
+
+def _keep_the_heap_flat():
     """Keep the worker's memory flat: glibc otherwise raises its mmap threshold after the
     first large tensors are freed, and later ones then fragment the heap (RSS crept up
     about 13 % over the first 600 conversions in our soak test). A fixed 1 MiB threshold
@@ -60,6 +98,12 @@ def post_fork(server, worker):
 
 
 def on_starting(server):
+    """Runs in the master before it binds and forks."""
+    _clear_metrics()
+    _keep_off_a_live_control_socket(server)
+
+
+def _clear_metrics():
     """Start metrics from zero: files left by an earlier run would be summed in."""
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if _METRICS and folder:
@@ -68,6 +112,24 @@ def on_starting(server):
         os.makedirs(folder, exist_ok=True)
         for path in glob.glob(os.path.join(folder, "*.db")):
             os.remove(path)
+
+
+def _keep_off_a_live_control_socket(server):
+    """Two instances given one ANIMEGAN_CONTROL_SOCKET: gunicorn would let the second
+    take the first's socket over (and delete it when it stops). It runs without one."""
+    if server.cfg.control_socket_disable:
+        return
+    import socket
+
+    path = os.path.abspath(server.cfg.control_socket)
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(path)
+        except OSError:  # nothing there, or a file left by a killed instance: ours
+            return
+    server.log.warning("control socket %s belongs to a running gunicorn; this one runs "
+                       "without one (give it its own ANIMEGAN_CONTROL_SOCKET)", path)
+    server.cfg.set("control_socket_disable", True)
 
 
 def child_exit(server, worker):

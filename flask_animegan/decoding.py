@@ -135,12 +135,31 @@ def open_upload(data: bytes, limits: DecodeLimits) -> Image.Image:
     if max(width, height) > limits.max_aspect * min(width, height):
         raise ImageTooLarge(f"the image is {width}x{height}: one side is more than "
                             f"{limits.max_aspect:g} times the other. Crop it and send it again")
+    if image.format == "GIF":
+        _check_gif_frame(image)
     if image.format == "JPEG":
         scans = count_jpeg_scans(data)
         if scans > limits.max_scans:
             raise ImageTooLarge(f"the JPEG has {scans:,} scans; at most {limits.max_scans} "
                                 "are accepted. Save it again as a baseline JPEG")
     return image
+
+
+#: A GIF's first frame may leave part of its screen empty, but not most of a large one:
+#: Pillow allocates the whole screen, so a 29-byte file could cost 200 MB.
+GIF_EMPTY_SCREEN_PIXELS = 1_000_000
+
+
+def _check_gif_frame(image: Image.Image) -> None:
+    width, height = image.size
+    try:
+        x0, y0, x1, y1 = image.tile[0][1]
+    except (IndexError, TypeError, ValueError):
+        return  # no frame: the decoder reports it
+    frame = max(0, x1 - x0) * max(0, y1 - y0)
+    if width * height > GIF_EMPTY_SCREEN_PIXELS and frame * 4 < width * height:
+        raise ImageTooLarge(f"the GIF's screen is {width}x{height} but its first frame only "
+                            f"{x1 - x0}x{y1 - y0}; save it again without the empty screen")
 
 
 def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -54,11 +55,25 @@ class Server:
         return int(children.split()[0])
 
     def worker_rss_kib(self) -> int:
-        status = Path(f"/proc/{self.worker_pid()}/status").read_text()
-        return int(next(line.split()[1] for line in status.splitlines()
-                        if line.startswith("VmRSS:")))
+        return proc_status_kib(self.worker_pid(), "VmRSS")
+
+    def worker_peak_kib(self) -> int:
+        """The worker's peak resident memory since it started (VmHWM)."""
+        return proc_status_kib(self.worker_pid(), "VmHWM")
+
+    def wait_for_output(self, pattern: str, timeout: float = 10) -> re.Match:
+        """The first match of the regular expression ``pattern`` in the log, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            match = re.search(pattern, self.output(), re.MULTILINE)
+            if match or time.monotonic() > deadline:
+                assert match, f"{pattern!r} not in the log:\n{self.output()[-3000:]}"
+                return match
+            time.sleep(0.1)
 
     def stop(self) -> None:
+        if self.log.closed:
+            return
         self.process.terminate()
         try:
             self.process.wait(30)
@@ -66,3 +81,25 @@ class Server:
             self.process.kill()
             self.process.wait()
         self.log.close()
+
+
+def proc_status_kib(pid: int, field: str) -> int:
+    """A memory field of /proc/PID/status (VmRSS, VmHWM, ...) in KiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith(f"{field}:")))
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live children of process ``pid`` (of any of its threads), grandchildren included."""
+    found = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except FileNotFoundError:
+        return found
+    for task in tasks:
+        try:
+            found += [int(child) for child in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            pass
+    return found + [grandchild for child in found for grandchild in child_pids(child)]

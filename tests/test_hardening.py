@@ -343,3 +343,17 @@ def test_the_page_and_api_never_show_server_paths(make_app, tmp_path):
                      client.get("/animegan/healthz", **outside),
                      convert(client, photo_bytes(), "?style=broken", **outside)):
         assert str(Path(tmp_path)) not in response.get_data(as_text=True)
+
+
+def test_a_gif_whose_screen_dwarfs_its_frame_is_refused(client):
+    import struct
+
+    def gif(screen: tuple[int, int]) -> bytes:
+        return (b"GIF89a" + struct.pack("<HH", *screen) + b"\x80\x00\x00\x00\x00\x00\xff\xff\xff"
+                + b",\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02\x44\x01\x00;")
+
+    for screen in ((6000, 6000), (40_000, 1000), (2000, 2000)):
+        response = convert(client, gif(screen))
+        assert response.status_code == 413 and "first frame" in response.json["error"], screen
+    # a small screen around a small frame is an ordinary (odd) GIF
+    assert convert(client, gif((40, 30))).status_code == 200
