@@ -16,13 +16,26 @@ import imagehash
 import numpy as np
 from cachetools import TTLCache
 from PIL import Image
-from scipy.ndimage import uniform_filter
+from scipy.ndimage import sobel, uniform_filter
 
 from .errors import ImageTooLarge
 
 THUMB_SIDE = 16
 ASPECT_TOLERANCE = 0.02  # relative; a crop of a photo is a different photo
 _ENTRY_OVERHEAD = 256  # rough bytes of bookkeeping per entry
+
+# The local check compares fixed grids, whatever the input's size, so that resized
+# copies line up cell for cell: luma at 128x128 (2-4 output pixels a cell at 256-512)
+# and colour at 64x64 (JPEG keeps colour at half resolution anyway). Windows of 6 and
+# 3 cells (4.7 % of a side) fit whole inside a 10 % x 10 % edit. bench/cache_privacy.py
+# measured these choices; change them only with it.
+LUMA_SIDE = 128
+LUMA_WINDOW = 6
+CHROMA_SIDE = 64
+CHROMA_WINDOW = 3
+LUMA_FLOOR = 0.75  # levels a window of a flat region may differ by (re-encoding noise)
+CHROMA_FLOOR = 6.0  # the same for Cb + Cr, which JPEG quantises much more coarsely
+NOISE_QUANTILE = 0.75  # which window sets a pair's "re-encoding noise per unit of detail"
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,8 @@ class Fingerprint:
     phash: int
     thumbnail: np.ndarray  # THUMB_SIDE x THUMB_SIDE x 3 float32, 0-255
     aspect: float
+    luma: np.ndarray  # LUMA_SIDE x LUMA_SIDE uint8 (Y of YCbCr)
+    chroma: np.ndarray  # CHROMA_SIDE x CHROMA_SIDE x 2 uint8 (Cb, Cr)
 
     @classmethod
     def of(cls, image: Image.Image, hash_size: int) -> Fingerprint:
@@ -41,7 +56,16 @@ class Fingerprint:
         # to whole levels would otherwise swamp the small shifts we must detect
         fine = np.asarray(image.resize((THUMB_SIDE * 4,) * 2, Image.Resampling.BOX), np.float32)
         thumb = fine.reshape(THUMB_SIDE, 4, THUMB_SIDE, 4, 3).mean(axis=(1, 3))
-        return cls(int.from_bytes(bits.tobytes(), "big"), thumb, image.width / image.height)
+        grid = np.asarray(image.convert("YCbCr").resize((LUMA_SIDE,) * 2,
+                                                         Image.Resampling.LANCZOS))
+        step = LUMA_SIDE // CHROMA_SIDE
+        chroma = grid[..., 1:].reshape(CHROMA_SIDE, step, CHROMA_SIDE, step, 2).mean(axis=(1, 3))
+        return cls(int.from_bytes(bits.tobytes(), "big"), thumb, image.width / image.height,
+                   np.ascontiguousarray(grid[..., 0]), chroma.round().astype(np.uint8))
+
+    @property
+    def nbytes(self) -> int:
+        return self.thumbnail.nbytes + self.luma.nbytes + self.chroma.nbytes
 
     def distance(self, other: Fingerprint) -> int:
         return (self.phash ^ other.phash).bit_count()
@@ -61,6 +85,49 @@ class Fingerprint:
                     and np.abs(diff.reshape(-1, 3).mean(axis=0)).max() <= tolerance / 3
                     and np.abs(diff).max() <= tolerance * 5)
 
+    def local_difference(self, other: Fingerprint) -> float:
+        """How much the most changed small window differs, in units of this pair's noise.
+
+        The 16x16 thumbnail cannot see a blurred, pixelated, covered or pasted patch of
+        1 % of the image: the photo around it still matches. So luma and colour are
+        compared window by window, and one window is enough to tell the inputs apart.
+        Re-encoding and resizing change every window a little, in proportion to its
+        detail (edges move by a fraction of a pixel, JPEG rounds fine texture); how much
+        per unit of detail is measured on the pair itself, so a window counts only by
+        how far it exceeds what this pair's own noise explains there. A typical window
+        scores about 1; a blurred, pixelated, covered or replaced one several times more.
+        Symmetric, so a planted doctored copy is told apart as well as a doctored query.
+        """
+        luma = self._window_excess(self.luma, other.luma, LUMA_WINDOW, LUMA_FLOOR)
+        chroma = self._window_excess(self.chroma, other.chroma, CHROMA_WINDOW, CHROMA_FLOOR)
+        return max(luma, chroma)
+
+    @staticmethod
+    def _window_excess(a: np.ndarray, b: np.ndarray, window: int, floor: float) -> float:
+        """Largest ratio, over windows, of the difference to ``floor`` + noise gain x detail."""
+        a = a.reshape(*a.shape[:2], -1).astype(np.float32)
+        b = b.reshape(*b.shape[:2], -1).astype(np.float32)
+        b += np.median((a - b).reshape(-1, a.shape[2]), axis=0)  # a global offset is not local
+        diff = uniform_filter(np.abs(a - b).sum(axis=2), window, mode="nearest")
+        # detail that both share: a blurred patch has none, so it is not excused by its original's
+        detail = uniform_filter(np.minimum(Fingerprint._gradient(a), Fingerprint._gradient(b)),
+                                window, mode="nearest")
+        gain = np.quantile(diff / (detail + floor), NOISE_QUANTILE)
+        return float((diff / (gain * detail + floor)).max())
+
+    @staticmethod
+    def _gradient(channels: np.ndarray) -> np.ndarray:
+        """Sum over channels of the Sobel gradient magnitude, in levels per cell."""
+        total = np.zeros(channels.shape[:2], np.float32)
+        for c in range(channels.shape[2]):
+            plane = channels[..., c]
+            total += np.hypot(sobel(plane, 0, mode="nearest"), sobel(plane, 1, mode="nearest")) / 8
+        return total
+
+    def same_locally(self, other: Fingerprint, tolerance: float) -> bool:
+        """Whether no window differs by more than ``tolerance`` times this pair's noise."""
+        return self.local_difference(other) <= tolerance
+
 
 @dataclass(frozen=True)
 class CachedResult:
@@ -70,24 +137,28 @@ class CachedResult:
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + self.fingerprint.thumbnail.nbytes + _ENTRY_OVERHEAD
+        return len(self.data) + self.fingerprint.nbytes + _ENTRY_OVERHEAD
 
 
 class NearDuplicateCache:
     """Results keyed by (namespace, perceptual hash), shared only between near-identical inputs.
 
-    A lookup hits when the phash distance is within ``max_distance`` AND the colour
-    thumbnails differ by at most ``color_tolerance`` AND the aspect ratios match:
-    the grayscale phash alone cannot tell a photo from its hue-shifted copy.
+    A lookup hits when the phash distance is within ``max_distance``, the aspect
+    ratios match, the colour thumbnails differ by at most ``color_tolerance`` (the
+    grayscale phash alone cannot tell a photo from its hue-shifted copy) AND no small
+    window differs by more than ``local_tolerance`` times the pair's re-encoding noise
+    (the checks before it let a blurred or pixelated face through: the photo around
+    it still matches).
     """
 
     def __init__(self, *, max_bytes: int, ttl: float, hash_size: int = 16,
                  max_distance: int = 6, color_tolerance: float = 0.9,
-                 timer: Any = time.monotonic) -> None:
+                 local_tolerance: float = 1.75, timer: Any = time.monotonic) -> None:
         self.enabled = ttl > 0 and max_bytes > 0
         self.hash_size = hash_size
         self.max_distance = max_distance
         self.color_tolerance = color_tolerance
+        self.local_tolerance = local_tolerance
         self._entries: TTLCache = TTLCache(maxsize=max(max_bytes, 1), ttl=max(ttl, 1e-9),
                                            timer=timer, getsizeof=lambda e: e.nbytes)
         self._lock = threading.Lock()
@@ -102,20 +173,23 @@ class NearDuplicateCache:
         if not self.enabled:
             return None
         with self._lock:
-            best_key, best_distance = None, self.max_distance + 1
+            near = []
             for key, entry in self._entries.items():
                 if key[0] != namespace:
                     continue
-                distance = fingerprint.distance(entry.fingerprint)
-                if (distance < best_distance
-                        and abs(entry.fingerprint.aspect / fingerprint.aspect - 1) <= ASPECT_TOLERANCE
-                        and fingerprint.same_colors(entry.fingerprint, self.color_tolerance)):
-                    best_key, best_distance = key, distance
-            if best_key is None:
-                self.misses += 1
-                return None
-            self.hits += 1
-            return self._entries[best_key]  # indexing refreshes its LRU position
+                other = entry.fingerprint
+                distance = fingerprint.distance(other)
+                if (distance <= self.max_distance
+                        and abs(other.aspect / fingerprint.aspect - 1) <= ASPECT_TOLERANCE
+                        and fingerprint.same_colors(other, self.color_tolerance)):
+                    near.append((distance, key, other))
+            # the local check costs ~2 ms, so it runs last, closest candidate first
+            for _, key, other in sorted(near, key=lambda found: found[0]):
+                if fingerprint.same_locally(other, self.local_tolerance):
+                    self.hits += 1
+                    return self._entries[key]  # indexing refreshes its LRU position
+            self.misses += 1
+            return None
 
     def put(self, namespace: tuple, fingerprint: Fingerprint, data: bytes,
             size: tuple[int, int]) -> None:

@@ -94,6 +94,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Largest mean absolute difference (0-255 levels, after 3x3 smoothing) between "
             "the 16x16 colour thumbnails of two inputs that may share a result; systematic "
             "shifts must stay under a third of it.", float),
+    Setting("ANIMEGAN_LOCAL_TOLERANCE", 1.75,
+            "How much any small window (about 5 % x 5 % of the input, on fixed 128x128 luma "
+            "and 64x64 colour grids) of two inputs may differ, in multiples of the difference "
+            "their re-encoding leaves on similar detail, before they stop sharing a result; "
+            "lower catches milder local edits (a blurred face, a sticker) but misses more "
+            "re-encoded copies.", float),
     Setting("ANIMEGAN_RESULT_TTL", 3600,
             "Seconds the result page of a form upload (and its images) stays available.", int),
     Setting("ANIMEGAN_RESULT_MAX_BYTES", 64 * 1024 * 1024,
@@ -227,6 +233,7 @@ def validate(config: Mapping[str, Any]) -> None:
         positive(name)
     for name in ("ANIMEGAN_TRUSTED_PROXIES", "ANIMEGAN_CACHE_TTL", "ANIMEGAN_CACHE_MAX_BYTES",
                  "ANIMEGAN_PHASH_MAX_DISTANCE", "ANIMEGAN_COLOR_TOLERANCE", "ANIMEGAN_MAX_QUEUE",
+                 "ANIMEGAN_LOCAL_TOLERANCE",
                  "ANIMEGAN_WARMUP_SIZE", "ANIMEGAN_SAMPLE_SIZE"):
         positive(name, allow_zero=True)
     if config["ANIMEGAN_MAX_SIDE"] < 16:

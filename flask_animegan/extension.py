@@ -88,6 +88,7 @@ class AnimeGAN:
             max_bytes=cfg["ANIMEGAN_CACHE_MAX_BYTES"], ttl=ttl,
             hash_size=cfg["ANIMEGAN_PHASH_SIZE"], max_distance=cfg["ANIMEGAN_PHASH_MAX_DISTANCE"],
             color_tolerance=cfg["ANIMEGAN_COLOR_TOLERANCE"],
+            local_tolerance=cfg["ANIMEGAN_LOCAL_TOLERANCE"],
         )
         results = ResultStore(max_bytes=cfg["ANIMEGAN_RESULT_MAX_BYTES"],
                               ttl=cfg["ANIMEGAN_RESULT_TTL"])

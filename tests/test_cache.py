@@ -2,21 +2,36 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import sys
 
 import pytest
-from PIL import Image, ImageEnhance, ImageOps
+from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
-from conftest import COLOR_PHOTOS, PHOTOS, encode_image, open_image, photo, photo_bytes
+from conftest import COLOR_PHOTOS, PHOTOS, REPO, encode_image, open_image, photo, photo_bytes
 from flask_animegan import imaging
 from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult
+
+
+def load_privacy_bench():
+    """``bench/cache_privacy.py``: the photos, local edits and copies its report measures."""
+    spec = importlib.util.spec_from_file_location("cache_privacy",
+                                                  REPO / "bench" / "cache_privacy.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+privacy = load_privacy_bench()
 
 SIDE = 512  # the default ANIMEGAN_MAX_SIDE: fingerprints are taken of the fitted input
 
 
 def fitted(image: Image.Image, size: int = SIDE) -> Image.Image:
     """What the service fingerprints: the upload decoded and fitted, via a lossless PNG."""
-    data = encode_image(image, "PNG")
+    data = encode_image(image, "PNG", compress_level=0)  # stored, not deflated: faster
     return imaging.fit(imaging.decode_upload(data, max_pixels=10**8, size=size), size)
 
 
@@ -158,9 +173,10 @@ def test_entries_expire_after_the_ttl():
 
 
 def test_the_byte_budget_evicts_least_recently_used_results():
-    cache = NearDuplicateCache(max_bytes=3 * 10_000, ttl=3600)
     names = ("astronaut", "coffee", "rocket", "retina")
-    prints = {n: cache.fingerprint(fitted(photo(n), 64)) for n in names}
+    prints = {n: make_cache().fingerprint(fitted(photo(n), 64)) for n in names}
+    # room for three entries of a fingerprint and about 7 KB of result each
+    cache = NearDuplicateCache(max_bytes=3 * (prints["coffee"].nbytes + 8_000), ttl=3600)
     for name in names[:2]:
         cache.put(("s", 64, "jpeg"), prints[name], name.encode() * 800, (64, 64))
     assert cache.get(("s", 64, "jpeg"), prints["astronaut"]) is not None  # now most recent
@@ -170,6 +186,71 @@ def test_the_byte_budget_evicts_least_recently_used_results():
     assert stats["bytes"] <= stats["max_bytes"]
     assert cache.get(("s", 64, "jpeg"), prints["coffee"]) is None  # least recently used
     assert cache.get(("s", 64, "jpeg"), prints["retina"]) is not None
+
+
+def test_an_entry_costs_under_64_kb_beside_its_result():
+    cache = make_cache()
+    image = fitted(photo("astronaut"))
+    cache.put(("s", SIDE, "jpeg"), cache.fingerprint(image), b"", image.size)
+    assert cache.stats()["bytes"] < 64 * 1024
+
+
+# -- local edits: one small changed region is a different photo ----------------------
+
+def pixelated(image: Image.Image, box: tuple[int, int, int, int], block: int) -> Image.Image:
+    copy = image.copy()
+    part = copy.crop(box)
+    small = part.resize((part.width // block, part.height // block), Image.Resampling.BOX)
+    copy.paste(small.resize(part.size, Image.Resampling.NEAREST), box[:2])
+    return copy
+
+
+def blurred(image: Image.Image, box: tuple[int, int, int, int], radius: float) -> Image.Image:
+    copy = image.copy()
+    copy.paste(image.filter(ImageFilter.GaussianBlur(radius)).crop(box), box[:2])
+    return copy
+
+
+ASTRONAUT_FACE = (180, 60, 290, 190)  # in the 512 px photo; the issue's trial hid a face
+
+
+@pytest.mark.parametrize("hide", [lambda im: pixelated(im, ASTRONAUT_FACE, 12),
+                                  lambda im: blurred(im, ASTRONAUT_FACE, 6)],
+                         ids=["pixelated", "blurred"])
+def test_a_hidden_face_misses_whichever_copy_came_first(hide):
+    """The issue's trial: B's redacted copy must not get A's result, nor A B's planted one."""
+    original = fitted(photo("astronaut"))
+    redacted = fitted(hide(photo("astronaut")))
+    for first, second in ((original, redacted), (redacted, original)):
+        cache = make_cache()
+        cache.put(("s", SIDE, "jpeg"), cache.fingerprint(first), b"first", first.size)
+        assert cache.get(("s", SIDE, "jpeg"), cache.fingerprint(second)) is None
+        assert cache.get(("s", SIDE, "jpeg"), cache.fingerprint(first)) is not None
+
+
+def test_no_locally_edited_copy_gets_the_originals_result():
+    """Blur, pixelation, an overlay or a pasted patch on 1 % of the area: zero hits.
+
+    Every photo x edit kind x output size, one seeded edit each, uploaded losslessly.
+    Edits of a flat region that change their box by under 2 levels on average show
+    nothing and may hit; they are counted, and must stay a small minority.
+    """
+    trials = privacy.edit_trials(privacy.PHOTOS, privacy.SIZES, seeds=[0])
+    assert len(privacy.PHOTOS) >= 20 and len(trials) == len(privacy.PHOTOS) * 4 * 2
+    leaks = [t for t in trials if t.hit and t.visible]
+    unseen = [t for t in trials if not t.visible]
+    print(f"\n{sum(t.hit for t in trials)} hits among {len(trials)} edited copies; "
+          f"{len(unseen)} edits changed their box by < {privacy.VISIBLE} levels")
+    assert len(unseen) <= len(trials) // 10
+    assert leaks == []
+
+
+def test_re_encoded_and_resized_copies_hit_at_both_sizes():
+    """JPEG q70-95 re-encodes and +-5 % resizes of a JPEG upload, at 256 and 512 px."""
+    trials = privacy.benign_trials(privacy.PHOTOS, privacy.SIZES, ["jpeg/jpeg"])
+    rate = sum(t.hit for t in trials) / len(trials)
+    print(f"\n{sum(t.hit for t in trials)} of {len(trials)} same-photo copies hit ({rate:.1%})")
+    assert rate >= 0.95
 
 
 def test_a_disabled_cache_stores_nothing():

@@ -1,0 +1,377 @@
+"""Whether the result cache tells a photo from its locally edited copy.
+
+Run: ``.venv/bin/python -m bench.cache_privacy [--seeds N | --quick]``.
+
+Client A uploads a photo; client B uploads the same photo with a face blurred, a region
+pixelated, a sticker or caption on it, or a patch pasted over (about 1 % of the area).
+B must not get A's result (it would show what B hid), nor A B's (a planted doctored
+copy). Copies that only differ by JPEG re-encoding (quality 70-95) or a +-5 % resize
+must still share it. This script measures both with the real ``NearDuplicateCache``
+on every photo x edit x output size, and prints the distributions of
+``Fingerprint.local_difference`` that its tolerance was chosen from.
+
+The photos are scikit-image's (no download): 18 whole photos plus 4 crops taken at full
+resolution from the largest ones (the crops do not overlap each other, but each lies
+inside its parent photo, which is seen there at a smaller scale). Edits are made on the
+fitted input at the output scale, at a seeded random place (smooth regions included),
+and uploaded losslessly or as JPEG q90. ``tests/test_cache.py`` runs one seed of this.
+Self-contained (no ``bench`` imports) so the tests can load it by path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import random
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import skimage.data
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+from flask_animegan import imaging
+from flask_animegan.cache import Fingerprint, NearDuplicateCache
+
+WHOLE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field",
+                "immunohistochemistry", "retina", "stereo_motorcycle", "camera", "coins", "moon",
+                "clock", "grass", "gravel", "brick", "cell", "page", "text")
+CROPS = {  # name: (photo, box) at the photo's full resolution
+    "retina-vessels": ("retina", (150, 350, 650, 850)),
+    "hubble-corner": ("hubble_deep_field", (500, 472, 1000, 872)),
+    "motorcycle-left": ("stereo_motorcycle", (0, 0, 370, 500)),
+    "astronaut-flag": ("astronaut", (0, 0, 160, 256)),
+}
+PHOTOS = WHOLE_PHOTOS + tuple(CROPS)
+SIZES = (256, 512)
+EDIT_SIDE = 0.10  # of each side: 1 % of the area
+HASH_SIZE = 16  # ANIMEGAN_PHASH_SIZE's default
+VISIBLE = 2.0  # mean absolute change (levels) over the edited box below which nothing shows
+BENIGN_KINDS = ("jpeg q70", "jpeg q85", "jpeg q95", "resize 95%", "resize 105%")
+PROTOCOLS = {
+    "png/png": "A uploads a lossless file; the copy is re-encoded (JPEG, then saved "
+               "losslessly) or resized and saved losslessly",
+    "jpeg/jpeg": "A uploads JPEG q90; the copy is A's file re-encoded at that quality, "
+                 "or resized and saved as JPEG q90 (the usual case)",
+    "png/jpeg": "A uploads a lossless file, the copy is a JPEG: the decoder's reduced-scale "
+                "JPEG path then differs from the lossless one (the hardest case)",
+}
+
+
+# -- inputs ------------------------------------------------------------------------------
+def photo(name: str) -> Image.Image:
+    """One of :data:`PHOTOS` as an RGB image."""
+    source, box = CROPS.get(name, (name, None))
+    array = getattr(skimage.data, source)()
+    if isinstance(array, tuple):
+        array = array[0]
+    image = Image.fromarray(np.asarray(array)).convert("RGB")
+    return image.crop(box) if box else image
+
+
+def encode(image: Image.Image, fmt: str, **params: object) -> bytes:
+    if fmt == "PNG":
+        params.setdefault("compress_level", 0)  # stored, not deflated: lossless all the same
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **params)
+    return buffer.getvalue()
+
+
+def decoded(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def upload(data: bytes, size: int) -> Image.Image:
+    """What the service fingerprints: the upload decoded and fitted to ``size``."""
+    return imaging.fit(imaging.decode_upload(data, max_pixels=10**8, size=size), size)
+
+
+def resized(image: Image.Image, factor: float) -> Image.Image:
+    return image.resize((round(image.width * factor), round(image.height * factor)),
+                        Image.Resampling.LANCZOS)
+
+
+def original_file(image: Image.Image, protocol: str) -> bytes:
+    """The file A uploads under ``protocol``."""
+    return encode(image, "JPEG", quality=90) if protocol == "jpeg/jpeg" else encode(image, "PNG")
+
+
+def benign_copy(image: Image.Image, original: bytes, protocol: str, kind: str) -> bytes:
+    """The file B uploads: A's photo re-encoded or resized as ``protocol`` and ``kind`` say."""
+    source = decoded(original) if protocol == "jpeg/jpeg" else image
+    if kind.startswith("jpeg"):
+        copy = encode(source, "JPEG", quality=int(kind.removeprefix("jpeg q")))
+        return encode(decoded(copy), "PNG") if protocol == "png/png" else copy
+    copy = resized(source, int(kind.removeprefix("resize ").rstrip("%")) / 100)
+    return encode(copy, "PNG") if protocol == "png/png" else encode(copy, "JPEG", quality=90)
+
+
+# -- local edits (on the fitted input, at the output scale) --------------------------------
+Box = tuple[int, int, int, int]
+
+
+def edit_box(image: Image.Image, rng: random.Random) -> Box:
+    width, height = max(1, round(image.width * EDIT_SIDE)), max(1, round(image.height * EDIT_SIDE))
+    left, top = rng.randrange(image.width - width + 1), rng.randrange(image.height - height + 1)
+    return left, top, left + width, top + height
+
+
+def blur(image: Image.Image, box: Box, rng: random.Random, donor: Image.Image) -> str:
+    """Gaussian blur (radius 4-8 px) of the box, its surroundings as context like an editor."""
+    radius = rng.uniform(4, 8)
+    pad = round(3 * radius)
+    outer = (max(0, box[0] - pad), max(0, box[1] - pad),
+             min(image.width, box[2] + pad), min(image.height, box[3] + pad))
+    blurred = image.crop(outer).filter(ImageFilter.GaussianBlur(radius))
+    image.paste(blurred.crop((box[0] - outer[0], box[1] - outer[1],
+                              box[2] - outer[0], box[3] - outer[1])), box[:2])
+    return f"radius {radius:.1f}"
+
+
+def pixelate(image: Image.Image, box: Box, rng: random.Random, donor: Image.Image) -> str:
+    """Mosaic of 8-16 px blocks over the box."""
+    block = rng.randint(8, 16)
+    part = image.crop(box)
+    small = part.resize((max(1, round(part.width / block)), max(1, round(part.height / block))),
+                        Image.Resampling.BOX)
+    image.paste(small.resize(part.size, Image.Resampling.NEAREST), box[:2])
+    return f"blocks {block} px"
+
+
+def overlay(image: Image.Image, box: Box, rng: random.Random, donor: Image.Image) -> str:
+    """A solid or half-transparent rectangle, or a caption, in a random colour."""
+    style = rng.choice(("solid", "translucent", "caption"))
+    colour = tuple(rng.randrange(256) for _ in range(3))
+    layer = Image.new("RGBA", image.size, (0, 0, 0, 0))
+    draw = ImageDraw.Draw(layer)
+    if style == "caption":
+        font = ImageFont.load_default(size=max(8, round((box[3] - box[1]) * 0.7)))
+        text = "".join(rng.choice("ABCDEFGHKMNRSTWXZ") for _ in range(3))
+        draw.text(box[:2], text, fill=colour + (255,), font=font)
+        layer = layer.crop(box)  # a caption stays inside its box
+        image.paste(Image.alpha_composite(image.crop(box).convert("RGBA"), layer).convert("RGB"),
+                    box[:2])
+        return f"caption {text}"
+    draw.rectangle((box[0], box[1], box[2] - 1, box[3] - 1),
+                   fill=colour + (255 if style == "solid" else 128,))
+    image.paste(Image.alpha_composite(image.convert("RGBA"), layer).convert("RGB"))
+    return f"{style} rectangle"
+
+
+def paste(image: Image.Image, box: Box, rng: random.Random, donor: Image.Image) -> str:
+    """A patch copied from elsewhere in the photo, or from another photo."""
+    width, height = box[2] - box[0], box[3] - box[1]
+    source, where = (image.copy(), "same photo") if rng.random() < 0.5 else (donor, "other photo")
+    left = rng.randrange(source.width - width + 1)
+    top = rng.randrange(source.height - height + 1)
+    image.paste(source.crop((left, top, left + width, top + height)), box[:2])
+    return f"patch from {where}"
+
+
+EDITS: dict[str, Callable[[Image.Image, Box, random.Random, Image.Image], str]] = {
+    "blur": blur, "pixelate": pixelate, "overlay": overlay, "paste": paste}
+
+
+def edited(image: Image.Image, kind: str, rng: random.Random,
+           donor: Image.Image) -> tuple[Image.Image, str, float]:
+    """A copy of ``image`` with one local edit; its description and mean change (levels)."""
+    copy = image.copy()
+    box = edit_box(copy, rng)
+    detail = EDITS[kind](copy, box, rng, donor.resize(image.size))
+    before, after = (np.asarray(im.crop(box), np.float32) for im in (image, copy))
+    return copy, detail, float(np.abs(after - before).mean())
+
+
+# -- trials --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Trial:
+    group: str  # "benign" or "edit"
+    kind: str  # protocol + benign kind, or edit kind
+    size: int
+    photo: str
+    hit: bool  # the real cache's answer
+    score: float  # Fingerprint.local_difference
+    hit_before: bool  # the answer without the local check (phash, aspect, colours only)
+    change: float = 0.0  # edits: mean absolute change over the box (levels)
+    detail: str = ""
+
+    @property
+    def visible(self) -> bool:
+        return self.change >= VISIBLE
+
+
+def lookup(original: Fingerprint, copy: Image.Image) -> tuple[bool, float, bool]:
+    """Whether a cache holding ``original`` answers ``copy`` with it, their local score,
+    and whether it would without the local check."""
+    found = Fingerprint.of(copy, HASH_SIZE)
+    answers = []
+    for options in ({}, {"local_tolerance": math.inf}):
+        cache = NearDuplicateCache(max_bytes=10**9, ttl=3600, hash_size=HASH_SIZE, **options)
+        cache.put(("bench",), original, b"A's result", (1, 1))
+        answers.append(cache.get(("bench",), found) is not None)
+    return answers[0], original.local_difference(found), answers[1]
+
+
+def benign_trials(photos: Iterable[str], sizes: Sequence[int],
+                  protocols: Iterable[str]) -> list[Trial]:
+    trials = []
+    for name in photos:
+        image = photo(name)
+        for protocol in protocols:
+            original = original_file(image, protocol)
+            prints = {size: Fingerprint.of(upload(original, size), HASH_SIZE) for size in sizes}
+            for kind in BENIGN_KINDS:
+                copy = benign_copy(image, original, protocol, kind)
+                for size in sizes:
+                    trials.append(Trial("benign", f"{protocol} {kind}", size, name,
+                                        *lookup(prints[size], upload(copy, size))))
+    return trials
+
+
+def edit_trials(photos: Sequence[str], sizes: Sequence[int], seeds: Iterable[int],
+                saved: Iterable[str] = ("PNG",)) -> list[Trial]:
+    """Every photo x edit kind x size x seed, each copy uploaded in each ``saved`` format."""
+    trials = []
+    for index, name in enumerate(photos):
+        image, donor = photo(name), photo(photos[(index + 1) % len(photos)])
+        for size in sizes:
+            original = upload(encode(image, "PNG"), size)
+            fingerprint = Fingerprint.of(original, HASH_SIZE)
+            for seed in seeds:
+                for kind in EDITS:
+                    rng = random.Random(f"{seed}/{name}/{size}/{kind}")
+                    copy, detail, change = edited(original, kind, rng, donor)
+                    for fmt in saved:
+                        data = encode(copy, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+                        trials.append(Trial("edit", kind, size, name,
+                                            *lookup(fingerprint, upload(data, size)),
+                                            change, f"{detail}, saved {fmt}"))
+    return trials
+
+
+# -- report --------------------------------------------------------------------------------
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def hits(trials: Sequence[Trial]) -> str:
+    return f"{sum(t.hit for t in trials)}/{len(trials)}" if trials else "-"
+
+
+def quantiles(values: Sequence[float], qs: Sequence[float]) -> list[str]:
+    return [f"{np.quantile(values, q):.2f}" for q in qs] if values else ["-"] * len(qs)
+
+
+def report(trials: Sequence[Trial], sizes: Sequence[int], tolerance: float) -> str:
+    benign = [t for t in trials if t.group == "benign"]
+    edits = [t for t in trials if t.group == "edit"]
+    out = []
+    by_kind: dict[str, list[Trial]] = defaultdict(list)
+    for t in benign:
+        by_kind[t.kind].append(t)
+    groups = dict(by_kind)
+    for protocol in PROTOCOLS:
+        groups[f"**{protocol} all**"] = [t for t in benign if t.kind.startswith(protocol + " ")]
+    rows = [[label] + [hits([t for t in group if t.size == s]) for s in sizes]
+            + [hits(group), hits([replace(t, hit=t.hit_before) for t in group])]
+            for label, group in groups.items() if group]
+    out += ["## Same photo (should hit): hits/total", "",
+            table(["protocol, copy"] + [f"{s} px" for s in sizes]
+                  + ["all", "all, without the local check"], rows), ""]
+    out += [f"- {p}: {d}" for p, d in PROTOCOLS.items()] + [""]
+
+    rows = []
+    for kind in list(EDITS) + [None]:
+        group = [t for t in edits if kind in (None, t.kind)]
+        rows.append([kind or "**all**"] + [hits([t for t in group if t.size == s]) for s in sizes]
+                    + [hits(group), hits([t for t in group if t.visible]),
+                       hits([replace(t, hit=t.hit_before) for t in group])])
+    out += ["## Local edits, 1 % of the area (should miss): hits/total", "",
+            table(["edit"] + [f"{s} px" for s in sizes]
+                  + ["all", f"visible (>= {VISIBLE} levels)", "all, without the local check"],
+                  rows), ""]
+
+    qs = (0.5, 0.9, 0.95, 0.99, 1.0)
+    rows = [[kind] + quantiles([t.score for t in group], qs) for kind, group in by_kind.items()]
+    out += [f"## local_difference of same-photo copies (tolerance {tolerance})", "",
+            table(["copy"] + ["median", "p90", "p95", "p99", "max"], rows), ""]
+    qs = (0.0, 0.01, 0.05, 0.5)
+    rows = [[f"{kind} {s} px"] + quantiles([t.score for t in edits
+                                             if t.kind == kind and t.size == s and t.visible], qs)
+            for kind in EDITS for s in sizes]
+    out += [f"## local_difference of visible edits (mean change >= {VISIBLE} levels)", "",
+            table(["edit"] + ["min", "p1", "p5", "median"], rows), ""]
+
+    visible = [t.score for t in edits if t.visible]
+    worst = {label: [t.score for t in benign if t.kind.endswith(label)]
+             for label in ("jpeg q70", "resize 95%", "resize 105%")}
+    same_path = [t.score for t in benign if not t.kind.startswith("png/jpeg")]
+    if visible and same_path:
+        mildest = min(visible)
+        out += ["## Margins", ""]
+        for label, scores in worst.items():
+            if scores:
+                out.append(f"- {label}: p95 {np.quantile(scores, .95):.2f}, max {max(scores):.2f}")
+        out += [f"- same-path copies (png/png, jpeg/jpeg): p95 {np.quantile(same_path, .95):.2f},"
+                f" p97 {np.quantile(same_path, .97):.2f}, max {max(same_path):.2f}",
+                f"- mildest visible edit: {mildest:.2f} = {mildest / tolerance:.2f} x the "
+                f"tolerance {tolerance}; p1 of visible edits: {np.quantile(visible, .01):.2f}", ""]
+    misses = [t for t in benign if not t.hit]
+    leaks = [t for t in edits if t.hit]
+    out += [f"## Same-photo copies that missed ({len(misses)})", ""]
+    out += [f"- {t.kind} @ {t.size} px, {t.photo}: {t.score:.2f}" for t in misses] + [""]
+    out += [f"## Edited copies that hit ({len(leaks)})", ""]
+    out += [f"- {t.kind} @ {t.size} px, {t.photo} ({t.detail}): mean change {t.change:.1f} "
+            f"levels, score {t.score:.2f}" for t in leaks]
+    return "\n".join(out)
+
+
+def costs(size: int = 512, repeats: int = 50) -> str:
+    """Memory of one entry's fingerprint, and the time to take one and to compare two."""
+    image = upload(encode(photo("astronaut"), "PNG"), size)
+    copy = upload(encode(photo("astronaut"), "JPEG", quality=85), size)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        first = Fingerprint.of(image, HASH_SIZE)
+    taking = (time.perf_counter() - started) / repeats
+    second = Fingerprint.of(copy, HASH_SIZE)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        first.local_difference(second)
+    comparing = (time.perf_counter() - started) / repeats
+    return (f"## Costs ({size} px input)\n\n- fingerprint: {first.nbytes / 1024:.1f} KiB per entry "
+            f"(luma {first.luma.nbytes // 1024} KiB, colour {first.chroma.nbytes // 1024} KiB, "
+            f"thumbnail {first.thumbnail.nbytes // 1024} KiB), {taking * 1000:.1f} ms to take\n"
+            f"- local check: {comparing * 1000:.2f} ms per candidate that passed the phash, "
+            f"aspect and colour checks")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cache_privacy",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=3, help="edits per photo x kind x size")
+    parser.add_argument("--quick", action="store_true", help="one seed, lossless edits only")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    seeds = range(1 if args.quick else args.seeds)
+    trials = benign_trials(PHOTOS, SIZES, PROTOCOLS)
+    trials += edit_trials(PHOTOS, SIZES, seeds, ("PNG",) if args.quick else ("PNG", "JPEG"))
+    tolerance = NearDuplicateCache(max_bytes=1, ttl=1).local_tolerance
+    print(f"# Cache privacy: {len(PHOTOS)} photos x {len(EDITS)} edits x {len(SIZES)} sizes"
+          f" x {len(seeds)} seeds\n")
+    print(report(trials, SIZES, tolerance))
+    print("\n" + costs())
+    print(f"\n({time.monotonic() - started:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
