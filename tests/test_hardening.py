@@ -357,3 +357,38 @@ def test_a_gif_whose_screen_dwarfs_its_frame_is_refused(client):
         assert response.status_code == 413 and "first frame" in response.json["error"], screen
     # a small screen around a small frame is an ordinary (odd) GIF
     assert convert(client, gif((40, 30))).status_code == 200
+
+
+def test_the_cli_refuses_the_same_hostile_files_cleanly(make_app, tmp_path):
+    """The CLI's `convert` sees a seeded sample of the generated uploads: every file is
+    either converted or reported on one line, and the command never crashes."""
+    import random
+    import re
+
+    from upload_variants import GROUPS, variants
+
+    rng = random.Random(11)
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    count = 0
+    for group in GROUPS:
+        chosen = variants(group)
+        if group != "specials":
+            chosen = chosen[:1] + rng.sample(chosen[1:], 12)
+        for variant in chosen:
+            (folder / f"{count:04d}.png").write_bytes(variant.body)  # the name lies
+            count += 1
+    app = make_app(ANIMEGAN_MAX_SIDE=64)
+    result = app.test_cli_runner().invoke(args=["animegan", "convert", str(folder), "-o",
+                                                str(out), "--size", "16"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    summary = re.search(r"converted (\d+), skipped 0 already converted, failed (\d+)",
+                        result.output)
+    assert summary, result.output[-2000:]
+    converted, failed = map(int, summary.groups())
+    assert converted + failed == count and converted > 0 and failed > 0
+    assert result.exit_code == 1  # some files failed
+    assert len(list(out.iterdir())) == converted
+    reported = re.findall(r"^\S+\.png: (.+)$", result.output, re.MULTILINE)
+    assert len(reported) == failed and all(reported)
