@@ -37,6 +37,8 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from flask_animegan import imaging
 from flask_animegan.cache import Fingerprint, NearDuplicateCache
 
+from bench.report import table
+
 WHOLE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field",
                 "immunohistochemistry", "retina", "stereo_motorcycle", "camera", "coins", "moon",
                 "clock", "grass", "gravel", "brick", "cell", "page", "text")
@@ -254,14 +256,6 @@ def edit_trials(photos: Sequence[str], sizes: Sequence[int], seeds: Iterable[int
 
 
 # -- report --------------------------------------------------------------------------------
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
-
-
 def hits(trials: Sequence[Trial]) -> str:
     return f"{sum(t.hit for t in trials)}/{len(trials)}" if trials else "-"
 

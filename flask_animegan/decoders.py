@@ -163,8 +163,10 @@ class HelperPool:
     def prestart(self, count: int) -> None:
         """Start helpers now (at app startup) so the first uploads do not wait for them."""
         with self._lock:
-            missing = count - len(self._idle)
-            self.started += max(0, missing)
+            # helpers inherited across a fork are the parent's: they do not count
+            self._idle = [h for h in self._idle if h.owner == os.getpid()]
+            missing = max(0, count - len(self._idle))
+            self.started += missing
         helpers = [_Helper() for _ in range(missing)]
         with self._lock:
             self._idle.extend(helpers)
