@@ -69,9 +69,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ANIMEGAN_RATE_LIMIT", "5 per minute",
             "flask-limiter limit for the upload and convert routes, per client address; "
             "empty disables it.", str),
-    Setting("ANIMEGAN_RATELIMIT_STORAGE_URI", "memory://",
-            "flask-limiter storage; `memory://` counts per process, use `redis://...` to "
-            "share counts between workers and hosts.", str),
+    Setting("ANIMEGAN_STORAGE_URI", "memory://",
+            "Where the result cache and the result pages live: `memory://` (this process, "
+            "bounded by the *_MAX_BYTES settings) or `redis://[:password@]host:port/db` / "
+            "`rediss://...` (shared by every instance; bound it with Redis `maxmemory` and an "
+            "LRU policy). If Redis is unreachable, conversions go on without the cache.", str),
+    Setting("ANIMEGAN_RATELIMIT_STORAGE_URI", None,
+            "flask-limiter storage; unset uses ANIMEGAN_STORAGE_URI. `memory://` counts per "
+            "process; with Redis, counts are shared, and fall back to per-process memory "
+            "while Redis is unreachable.", str),
     Setting("ANIMEGAN_TRUSTED_PROXIES", 0,
             "Reverse proxies in front of the app that append to X-Forwarded-For; the rate "
             "limit keys on the address the outermost trusted one saw (entries that are not IP "

@@ -126,7 +126,8 @@ class AnimeGAN:
         # Our views add the X-RateLimit-* headers (flask-limiter's would put Retry-After
         # on every response, 200s included); 429s carry Retry-After from our handler.
         return Limiter(client_address, app=app, headers_enabled=False,
-                       storage_uri=app.config["ANIMEGAN_RATELIMIT_STORAGE_URI"])
+                       storage_uri=(app.config["ANIMEGAN_RATELIMIT_STORAGE_URI"]
+                                    or app.config["ANIMEGAN_STORAGE_URI"]))
 
     @staticmethod
     def _apply_limits(app: Flask, limiter: Limiter, rate: str) -> None:

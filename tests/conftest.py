@@ -112,3 +112,13 @@ def need(condition: bool, reason: str) -> None:
         if IN_CI:
             pytest.fail(f"{reason} (required in CI)")
         pytest.skip(reason)
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real redis-server on a free loopback port (config in a temp folder), flushed for each test."""
+    from redis_server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
