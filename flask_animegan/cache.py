@@ -1,28 +1,61 @@
-"""In-memory stores: the near-duplicate result cache and the result pages' store.
+"""The near-duplicate result cache and the result pages' store, on a shared Storage.
 
-Both are cachetools TTL caches bounded in bytes (least recently used first out),
-guarded by a lock because gunicorn's threads share them.
+Both live in a :mod:`flask_animegan.storage` backend: each in its own in-process
+``MemoryStorage`` (bounded by ANIMEGAN_CACHE_MAX_BYTES and ANIMEGAN_RESULT_MAX_BYTES),
+or in Redis, shared by every instance and bounded by the server's ``maxmemory`` with
+``maxmemory-policy allkeys-lru``. No client can make Redis grow without bound: each
+cache namespace (client, style, size, format) has one index capped at ``index_cap``
+members, so at most ``index_cap`` live entries, and every key has a TTL.
+
+Cache layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
+
+- ``index:<namespace digest>``: a list, newest first, of at most ``index_cap``
+  members; a member is one entry's full fingerprint (phash, colour thumbnail, aspect,
+  luma and colour grids), its id and its creation time: 27,718 bytes at hash_size 16.
+- ``entry:<namespace digest>:<id>``: the result's bytes after a 12-byte header
+  (its width and height).
+
+Redis round trips: a hit costs 2 (read the index, run every check here, read the
+chosen entry); a miss costs 2 (read the index, then store the new entry and its index
+member in one MULTI/EXEC when the result is put). A miss whose best candidate's entry
+was evicted meanwhile (Redis under ``maxmemory`` pressure) costs 3. A lookup reads at
+most ``index_cap`` members: 433 KiB at the default 16.
+
+Bytes per entry, measured with ``MEMORY USAGE`` on Redis 7.0 (tests/test_storage.py):
+its result + about 150 bytes (key, header) + 28,712 bytes for its member in the
+index; the result is rounded up to jemalloc's size class (up to +25 %, about +10 % on
+average). A result page: its two images + about 130 bytes, rounded the same way.
+
+The namespace holds the client's address (ANIMEGAN_CACHE_SCOPE "client"), so keys
+carry only a keyed BLAKE2b digest of it. Stored bytes use a small explicit binary
+format, never pickle: data in a shared Redis must not be able to run code here, and
+a member or value that does not parse is skipped like a miss.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import re
 import secrets
+import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import imagehash
 import numpy as np
-from cachetools import TTLCache
 from PIL import Image
 from scipy.ndimage import sobel, uniform_filter
 
 from .errors import ImageTooLarge
+from .storage import MemoryStorage, Storage
+from .storage.memory import ITEM_OVERHEAD
 
 THUMB_SIDE = 16
 ASPECT_TOLERANCE = 0.02  # relative; a crop of a photo is a different photo
-_ENTRY_OVERHEAD = 256  # rough bytes of bookkeeping per entry
 
 # The local check compares fixed grids, whatever the input's size, so that resized
 # copies line up cell for cell: luma at 128x128 (2-4 output pixels a cell at 256-512)
@@ -129,15 +162,118 @@ class Fingerprint:
         return self.local_difference(other) <= tolerance
 
 
+# -- stored bytes ----------------------------------------------------------------------
+# Little-endian throughout, so every instance reads what any other wrote.
+
+_MEMBER = struct.Struct("<4sddH16s")  # magic, created (Unix time), aspect, phash bytes, id
+_MEMBER_MAGIC = b"AGF1"
+_THUMB_DTYPE = np.dtype("<f4")
+_THUMB_SHAPE = (THUMB_SIDE, THUMB_SIDE, 3)
+_LUMA_SHAPE = (LUMA_SIDE, LUMA_SIDE)
+_CHROMA_SHAPE = (CHROMA_SIDE, CHROMA_SIDE, 2)
+_GRIDS_BYTES = (math.prod(_THUMB_SHAPE) * _THUMB_DTYPE.itemsize + math.prod(_LUMA_SHAPE)
+                + math.prod(_CHROMA_SHAPE))
+_ENTRY = struct.Struct("<4sII")  # magic, width, height
+_ENTRY_MAGIC = b"AGE1"
+_PAGE = struct.Struct("<4sIIHHII")  # magic, width, height, then the four fields' lengths
+_PAGE_MAGIC = b"AGP1"
+
+
+class IndexMember(NamedTuple):
+    """One cache entry as its namespace's index lists it."""
+
+    created: float  # Unix time, comparable between instances
+    entry_id: bytes  # 16 random bytes naming the entry's key
+    fingerprint: Fingerprint
+
+
+def phash_bytes(hash_size: int) -> int:
+    """Bytes of a phash of ``hash_size`` (its hash_size² bits, packed)."""
+    return (hash_size * hash_size + 7) // 8
+
+
+def encode_member(member: IndexMember, hash_size: int) -> bytes:
+    """The index member's bytes: header, phash, thumbnail, luma grid, colour grid."""
+    fp = member.fingerprint
+    size = phash_bytes(hash_size)
+    return b"".join((
+        _MEMBER.pack(_MEMBER_MAGIC, member.created, fp.aspect, size, member.entry_id),
+        fp.phash.to_bytes(size, "big"),
+        np.ascontiguousarray(fp.thumbnail, _THUMB_DTYPE).tobytes(),
+        np.ascontiguousarray(fp.luma, np.uint8).tobytes(),
+        np.ascontiguousarray(fp.chroma, np.uint8).tobytes(),
+    ))
+
+
+def decode_member(blob: bytes, hash_size: int) -> IndexMember | None:
+    """The member in ``blob``, or ``None`` if it is not one of ``hash_size`` (never raises)."""
+    size = phash_bytes(hash_size)
+    if not isinstance(blob, bytes) or len(blob) != _MEMBER.size + size + _GRIDS_BYTES:
+        return None
+    magic, created, aspect, stored_size, entry_id = _MEMBER.unpack_from(blob)
+    if (magic != _MEMBER_MAGIC or stored_size != size or not math.isfinite(created)
+            or not (math.isfinite(aspect) and aspect > 0)):
+        return None
+    offset = _MEMBER.size
+    phash = int.from_bytes(blob[offset:offset + size], "big")
+    offset += size
+    arrays = []
+    for shape, dtype in ((_THUMB_SHAPE, _THUMB_DTYPE), (_LUMA_SHAPE, np.uint8),
+                         (_CHROMA_SHAPE, np.uint8)):
+        count = math.prod(shape)
+        arrays.append(np.frombuffer(blob, dtype, count, offset).reshape(shape))
+        offset += count * np.dtype(dtype).itemsize
+    thumbnail, luma, chroma = arrays
+    if not np.isfinite(thumbnail).all():
+        return None
+    return IndexMember(created, entry_id, Fingerprint(phash, thumbnail, aspect, luma, chroma))
+
+
+def encode_entry(data: bytes, size: tuple[int, int]) -> bytes:
+    return _ENTRY.pack(_ENTRY_MAGIC, *size) + data
+
+
+def decode_entry(blob: bytes | None) -> CachedResult | None:
+    """The cached result in ``blob``, or ``None`` if there is none or it does not parse."""
+    if not isinstance(blob, bytes) or len(blob) < _ENTRY.size:
+        return None
+    magic, width, height = _ENTRY.unpack_from(blob)
+    if magic != _ENTRY_MAGIC:
+        return None
+    return CachedResult(blob[_ENTRY.size:], (width, height))
+
+
+def encode_page(result: StoredResult) -> bytes:
+    mimetype, style = result.mimetype.encode(), result.style.encode()
+    return b"".join((_PAGE.pack(_PAGE_MAGIC, *result.size, len(mimetype), len(style),
+                                len(result.original), len(result.result)),
+                     mimetype, style, result.original, result.result))
+
+
+def decode_page(blob: bytes | None) -> StoredResult | None:
+    """The stored result page in ``blob``, or ``None`` if there is none or it does not parse."""
+    if not isinstance(blob, bytes) or len(blob) < _PAGE.size:
+        return None
+    magic, width, height, *lengths = _PAGE.unpack_from(blob)
+    if magic != _PAGE_MAGIC or _PAGE.size + sum(lengths) != len(blob):
+        return None
+    fields, offset = [], _PAGE.size
+    for length in lengths:
+        fields.append(blob[offset:offset + length])
+        offset += length
+    mimetype, style, original, result = fields
+    try:
+        return StoredResult(original, result, mimetype.decode(), style.decode(), (width, height))
+    except UnicodeDecodeError:
+        return None
+
+
+# -- the near-duplicate cache ----------------------------------------------------------
+
 @dataclass(frozen=True)
 class CachedResult:
-    fingerprint: Fingerprint
     data: bytes
     size: tuple[int, int]
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.data) + self.fingerprint.nbytes + _ENTRY_OVERHEAD
 
 
 class NearDuplicateCache:
@@ -148,21 +284,30 @@ class NearDuplicateCache:
     grayscale phash alone cannot tell a photo from its hue-shifted copy) AND no small
     window differs by more than ``local_tolerance`` times the pair's re-encoding noise
     (the checks before it let a blurred or pixelated face through: the photo around
-    it still matches).
+    it still matches). Only the ``index_cap`` newest entries of a namespace are
+    candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
+    ``max_bytes``. ``key`` (e.g. the app's secret key) keys the namespace digests.
     """
 
-    def __init__(self, *, max_bytes: int, ttl: float, hash_size: int = 16,
-                 max_distance: int = 6, color_tolerance: float = 0.9,
-                 local_tolerance: float = 1.75, timer: Any = time.monotonic) -> None:
-        self.enabled = ttl > 0 and max_bytes > 0
+    def __init__(self, storage: Storage | None = None, *, ttl: float,
+                 max_bytes: int | None = None, hash_size: int = 16, max_distance: int = 6,
+                 color_tolerance: float = 0.9, local_tolerance: float = 1.75,
+                 index_cap: int = 16, key: bytes = b"") -> None:
+        if storage is None:
+            if max_bytes is None:
+                raise TypeError("NearDuplicateCache needs a storage or max_bytes")
+            storage = MemoryStorage(max_bytes)
+        self.storage = storage
+        self.ttl = ttl
+        self.enabled = ttl > 0 and index_cap > 0 and storage.max_bytes != 0
         self.hash_size = hash_size
         self.max_distance = max_distance
         self.color_tolerance = color_tolerance
         self.local_tolerance = local_tolerance
-        self._entries: TTLCache = TTLCache(maxsize=max(max_bytes, 1), ttl=max(ttl, 1e-9),
-                                           timer=timer, getsizeof=lambda e: e.nbytes)
+        self.index_cap = index_cap
+        # BLAKE2b keys are at most 64 bytes; a digest of any secret fits
+        self._key = hashlib.sha256(key).digest() if key else b""
         self._lock = threading.Lock()
-        self._serial = 0
         self.hits = 0
         self.misses = 0
 
@@ -170,44 +315,72 @@ class NearDuplicateCache:
         return Fingerprint.of(image, self.hash_size)
 
     def get(self, namespace: tuple, fingerprint: Fingerprint) -> CachedResult | None:
+        """The result of a near-identical input in ``namespace``, or ``None`` (a miss).
+
+        Two storage round trips at most: the namespace's index, then the chosen entry.
+        """
         if not self.enabled:
             return None
+        digest = self._digest(namespace)
+        entry_id = self._match(fingerprint, self.storage.index(f"index:{digest}",
+                                                               self.index_cap))
+        found = None
+        if entry_id is not None:  # expired or evicted since: a miss
+            found = decode_entry(self.storage.get(f"entry:{digest}:{entry_id.hex()}"))
         with self._lock:
-            near = []
-            for key, entry in self._entries.items():
-                if key[0] != namespace:
-                    continue
-                other = entry.fingerprint
-                distance = fingerprint.distance(other)
-                if (distance <= self.max_distance
-                        and abs(other.aspect / fingerprint.aspect - 1) <= ASPECT_TOLERANCE
-                        and fingerprint.same_colors(other, self.color_tolerance)):
-                    near.append((distance, key, other))
-            # the local check costs ~2 ms, so it runs last, closest candidate first
-            for _, key, other in sorted(near, key=lambda found: found[0]):
-                if fingerprint.same_locally(other, self.local_tolerance):
-                    self.hits += 1
-                    return self._entries[key]  # indexing refreshes its LRU position
-            self.misses += 1
-            return None
+            if found is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+        return found
+
+    def _match(self, fingerprint: Fingerprint, members: list[bytes]) -> bytes | None:
+        """The id of the closest member that passes every check, or ``None``."""
+        oldest = time.time() - self.ttl  # the index outlives its older entries
+        near = []
+        for blob in members:  # newest first, so equal distances prefer the newest
+            member = decode_member(blob, self.hash_size)
+            if member is None or member.created < oldest:
+                continue
+            other = member.fingerprint
+            distance = fingerprint.distance(other)
+            if (distance <= self.max_distance
+                    and abs(other.aspect / fingerprint.aspect - 1) <= ASPECT_TOLERANCE
+                    and fingerprint.same_colors(other, self.color_tolerance)):
+                near.append((distance, member.entry_id, other))
+        # the local check costs ~2 ms, so it runs last, closest candidate first
+        for _, entry_id, other in sorted(near, key=lambda found: found[0]):
+            if fingerprint.same_locally(other, self.local_tolerance):
+                return entry_id
+        return None
 
     def put(self, namespace: tuple, fingerprint: Fingerprint, data: bytes,
             size: tuple[int, int]) -> None:
+        """Keep ``data`` (``size`` pixels) for inputs near ``fingerprint``: one round trip."""
         if not self.enabled:
             return
-        entry = CachedResult(fingerprint, data, size)
-        if entry.nbytes > self._entries.maxsize:
-            return
-        with self._lock:
-            self._serial += 1
-            self._entries[(namespace, self._serial)] = entry
+        digest = self._digest(namespace)
+        member = IndexMember(time.time(), secrets.token_bytes(16), fingerprint)
+        self.storage.set_indexed(f"entry:{digest}:{member.entry_id.hex()}",
+                                 encode_entry(data, size), index=f"index:{digest}",
+                                 member=encode_member(member, self.hash_size),
+                                 ttl=self.ttl, cap=self.index_cap)
 
     def stats(self) -> dict[str, Any]:
+        """Hits and misses of this process, and the storage's status (no round trip)."""
         with self._lock:
-            self._entries.expire()
-            return {"enabled": self.enabled, "entries": len(self._entries),
-                    "bytes": self._entries.currsize, "max_bytes": self._entries.maxsize,
-                    "hits": self.hits, "misses": self.misses}
+            counts = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses}
+        return {**counts, **self.storage.status()}
+
+    def _digest(self, namespace: tuple) -> str:
+        """The namespace as it appears in keys: a keyed digest, not the client's address."""
+        text = json.dumps(list(namespace), separators=(",", ":"), default=str)
+        return hashlib.blake2b(text.encode(), key=self._key, digest_size=16).hexdigest()
+
+
+# -- the result pages ------------------------------------------------------------------
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
 
 
 @dataclass(frozen=True)
@@ -220,26 +393,40 @@ class StoredResult:
 
     @property
     def nbytes(self) -> int:
-        return len(self.original) + len(self.result) + _ENTRY_OVERHEAD
+        """What keeping it costs in a ``MemoryStorage``."""
+        return len(encode_page(self)) + ITEM_OVERHEAD
 
 
 class ResultStore:
-    """Results of form uploads for the post/redirect/get page, under unguessable ids."""
+    """Results of form uploads for the post/redirect/get page, under unguessable ids.
 
-    def __init__(self, *, max_bytes: int, ttl: float, timer: Any = time.monotonic) -> None:
-        self._entries: TTLCache = TTLCache(maxsize=max_bytes, ttl=ttl, timer=timer,
-                                           getsizeof=lambda e: e.nbytes)
-        self._lock = threading.Lock()
+    When ``storage`` cannot take a page (Redis down), the page is kept in a private
+    ``MemoryStorage`` of ``max_bytes`` instead, so the form keeps working on this
+    instance. Without ``storage``, pages live in a private ``MemoryStorage``.
+    """
+
+    def __init__(self, storage: Storage | None = None, *, ttl: float, max_bytes: int) -> None:
+        self.storage = storage if storage is not None else MemoryStorage(max_bytes)
+        self.ttl = ttl
+        self.max_bytes = max_bytes
+        self._fallback = (MemoryStorage(max_bytes) if self.storage.backend != "memory"
+                          else None)
 
     def add(self, result: StoredResult) -> str:
-        if result.nbytes > self._entries.maxsize:
+        """Keep ``result`` for ``ttl`` seconds; returns its id (192 random bits, URL-safe)."""
+        blob = encode_page(result)
+        if len(blob) + ITEM_OVERHEAD > self.max_bytes:
             raise ImageTooLarge("the result is too large to keep for its page; choose a "
                                 "smaller size or raise ANIMEGAN_RESULT_MAX_BYTES")
-        token = secrets.token_urlsafe(24)  # 192 bits
-        with self._lock:
-            self._entries[token] = result
+        token = secrets.token_urlsafe(24)
+        if not self.storage.set(token, blob, self.ttl) and self._fallback is not None:
+            self._fallback.set(token, blob, self.ttl)
         return token
 
     def get(self, token: str) -> StoredResult | None:
-        with self._lock:
-            return self._entries.get(token)
+        """The result kept under ``token``, or ``None`` (unknown, expired, or unreachable)."""
+        if not _TOKEN.fullmatch(token):  # not one of ours: no round trip
+            return None
+        # the fallback first: it costs no round trip, and ids are never reused
+        blob = self._fallback.get(token) if self._fallback is not None else None
+        return decode_page(blob if blob is not None else self.storage.get(token))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import sys
+import time
 
 import pytest
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
@@ -12,6 +13,7 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 from conftest import COLOR_PHOTOS, PHOTOS, REPO, encode_image, open_image, photo, photo_bytes
 from flask_animegan import imaging
 from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult
+from flask_animegan.storage import MemoryStorage
 
 
 def load_privacy_bench():
@@ -72,7 +74,8 @@ HUE_SHIFTS = {"hue +30": lambda im: hue_shift(im, 30), "hue +90": lambda im: hue
 
 
 def make_cache(**options) -> NearDuplicateCache:
-    return NearDuplicateCache(max_bytes=10**8, ttl=3600, **options)
+    # every distinct photo shares one namespace here: keep them all as candidates
+    return NearDuplicateCache(MemoryStorage(10**8), ttl=3600, index_cap=64, **options)
 
 
 CROPS = {  # crops of a photo are different photos (and must not get its result)
@@ -160,32 +163,32 @@ def test_namespace_separates_style_size_and_format():
 
 
 def test_entries_expire_after_the_ttl():
-    now = [0.0]
-    cache = NearDuplicateCache(max_bytes=10**6, ttl=10, timer=lambda: now[0])
+    cache = NearDuplicateCache(MemoryStorage(10**6), ttl=0.3)
     image = fitted(photo("coffee"), 64)
     fingerprint = cache.fingerprint(image)
     cache.put(("s", 64, "jpeg"), fingerprint, b"x" * 100, image.size)
-    now[0] = 9.0
     assert cache.get(("s", 64, "jpeg"), fingerprint) is not None
-    now[0] = 20.0
+    time.sleep(0.4)
     assert cache.get(("s", 64, "jpeg"), fingerprint) is None
     assert cache.stats()["entries"] == 0
 
 
 def test_the_byte_budget_evicts_least_recently_used_results():
+    """Each client's namespace is its own index: the budget drops the least recently used."""
     names = ("astronaut", "coffee", "rocket", "retina")
     prints = {n: make_cache().fingerprint(fitted(photo(n), 64)) for n in names}
-    # room for three entries of a fingerprint and about 7 KB of result each
-    cache = NearDuplicateCache(max_bytes=3 * (prints["coffee"].nbytes + 8_000), ttl=3600)
+    # room for three entries (an index of one fingerprint + about 7 KB of result) each
+    cache = NearDuplicateCache(MemoryStorage(3 * (prints["coffee"].nbytes + 9_000)), ttl=3600)
     for name in names[:2]:
-        cache.put(("s", 64, "jpeg"), prints[name], name.encode() * 800, (64, 64))
-    assert cache.get(("s", 64, "jpeg"), prints["astronaut"]) is not None  # now most recent
+        cache.put((name, "s", 64, "jpeg"), prints[name], name.encode() * 800, (64, 64))
+    assert cache.get(("astronaut", "s", 64, "jpeg"), prints["astronaut"]) is not None
     for name in names[2:]:
-        cache.put(("s", 64, "jpeg"), prints[name], name.encode() * 800, (64, 64))
+        cache.put((name, "s", 64, "jpeg"), prints[name], name.encode() * 800, (64, 64))
     stats = cache.stats()
     assert stats["bytes"] <= stats["max_bytes"]
-    assert cache.get(("s", 64, "jpeg"), prints["coffee"]) is None  # least recently used
-    assert cache.get(("s", 64, "jpeg"), prints["retina"]) is not None
+    assert cache.get(("coffee", "s", 64, "jpeg"), prints["coffee"]) is None  # least recent
+    assert cache.get(("astronaut", "s", 64, "jpeg"), prints["astronaut"]) is not None
+    assert cache.get(("retina", "s", 64, "jpeg"), prints["retina"]) is not None
 
 
 def test_an_entry_costs_under_64_kb_beside_its_result():
@@ -254,7 +257,7 @@ def test_re_encoded_and_resized_copies_hit_at_both_sizes():
 
 
 def test_a_disabled_cache_stores_nothing():
-    cache = NearDuplicateCache(max_bytes=10**6, ttl=0)
+    cache = NearDuplicateCache(MemoryStorage(10**6), ttl=0)
     image = fitted(photo("coffee"), 64)
     cache.put(("s", 64, "jpeg"), cache.fingerprint(image), b"x", image.size)
     assert cache.get(("s", 64, "jpeg"), cache.fingerprint(image)) is None
@@ -262,15 +265,14 @@ def test_a_disabled_cache_stores_nothing():
 
 
 def test_result_ids_are_unguessable_and_expire():
-    now = [0.0]
-    store = ResultStore(max_bytes=10**6, ttl=60, timer=lambda: now[0])
+    store = ResultStore(MemoryStorage(10**6), ttl=0.5, max_bytes=10**6)
     result = StoredResult(b"o", b"r", "image/jpeg", "s", (1, 1))
     tokens = {store.add(result) for _ in range(50)}
     assert len(tokens) == 50
     assert all(len(t) >= 32 for t in tokens)  # 24 random bytes, base64url: 192 bits
     token = tokens.pop()
-    assert store.get(token) is result
-    now[0] = 61.0
+    assert store.get(token) == result
+    time.sleep(0.6)
     assert store.get(token) is None
 
 

@@ -1,0 +1,39 @@
+"""Where the result cache and the result pages live, chosen by one URI.
+
+``memory://`` keeps them in this process (bounded by ``max_bytes``); ``redis://``,
+``rediss://`` and ``unix://`` share them between every instance through Redis
+(bounded by the server's ``maxmemory``). redis-py is imported only for those.
+"""
+
+from __future__ import annotations
+
+from .base import Storage
+from .memory import MemoryStorage
+
+__all__ = ["MemoryStorage", "Storage", "open_storage"]
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+SCHEMES = ("memory", *REDIS_SCHEMES)
+
+
+def open_storage(uri: str, *, max_bytes: int, prefix: str) -> Storage:
+    """The storage for ``uri``: a :class:`MemoryStorage` of ``max_bytes``, or a Redis one
+    whose keys start with ``prefix`` (``max_bytes`` is then Redis ``maxmemory``'s job).
+
+    Raises ``ValueError`` for another scheme, ``ImportError`` when redis-py is missing.
+    """
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme == "memory":
+        return MemoryStorage(max_bytes)
+    if scheme in REDIS_SCHEMES:
+        try:
+            from .redis import RedisStorage
+        except ImportError as exc:
+            if exc.name not in ("redis", None):
+                raise
+            raise ImportError(f"a {scheme}:// storage URI needs redis-py: "
+                              "pip install 'flask-animegan[redis]'") from None
+        return RedisStorage(uri, prefix=prefix)
+    # only the scheme: the rest of a URI may hold a password
+    raise ValueError(f"unsupported storage URI scheme {scheme!r}: use one of "
+                     + ", ".join(f"{name}://" for name in SCHEMES))

@@ -1,0 +1,182 @@
+"""Storage in a Redis server shared by every instance, that a Redis outage never breaks.
+
+Keys are ``prefix + key`` with a per-key TTL (``SET ... PX``); an index is a list
+trimmed to its cap whose TTL each push refreshes; ``set_indexed`` is one MULTI/EXEC
+pipeline. Every operation is one round trip on a pooled connection (opening a new
+connection adds redis-py's handshake, once per connection).
+
+The byte budget is the server's: set ``maxmemory`` and ``maxmemory-policy
+allkeys-lru``. No client can make the keys grow without bound: every key has a TTL
+and each index is capped.
+
+When Redis cannot be reached, times out (after ``timeout`` seconds) or answers an
+error (a wrong password, ``OOM`` under a ``noeviction`` policy), reads answer
+``None``, writes ``False``, the outage is logged once, and nothing is tried for
+``retry_after`` seconds, so an outage does not add a timeout to every request; the
+first call after that probes again, and a success ends the outage (logged once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .base import Storage
+
+log = logging.getLogger("flask_animegan")
+
+T = TypeVar("T")
+
+
+class _Server:
+    """One Redis server as this process sees it: a client (its connection pool) and its health.
+
+    Shared by every RedisStorage on the same URI, so the result cache and the result
+    pages use one pool and an outage is logged once, not once per store.
+    """
+
+    def __init__(self, uri: str, *, timeout: float, retry_after: float) -> None:
+        # no retries inside redis-py: an outage must cost one timeout, then none for a while
+        self.client = redis.Redis.from_url(uri, socket_timeout=timeout,
+                                           socket_connect_timeout=timeout,
+                                           retry=Retry(NoBackoff(), 0),
+                                           health_check_interval=0)
+        self.address = _address(uri, self.client)
+        self.password = self.client.connection_pool.connection_kwargs.get("password")
+        self.retry_after = retry_after
+        self.error: str | None = None  # the exception's class while Redis is unreachable
+        self._next_try = 0.0
+        self._lock = threading.Lock()
+
+    def run(self, operation: Callable[[redis.Redis], T], default: T) -> T:
+        """``operation(client)``, or ``default`` while Redis is (recently found) unreachable."""
+        if self.error is not None and not self._claim_probe():
+            return default
+        try:
+            result = operation(self.client)
+        except (redis.RedisError, OSError) as exc:
+            self._failed(exc)
+            return default
+        if self.error is not None:
+            self._recovered()
+        return result
+
+    def _claim_probe(self) -> bool:
+        """Whether this call may try Redis again; one call per ``retry_after`` does."""
+        with self._lock:
+            now = time.monotonic()
+            if now < self._next_try:
+                return False
+            self._next_try = now + self.retry_after
+            return True
+
+    def _failed(self, exc: BaseException) -> None:
+        with self._lock:
+            self._next_try = time.monotonic() + self.retry_after
+            if self.error is not None:
+                return
+            self.error = type(exc).__name__
+        message = str(exc)
+        if self.password:
+            message = message.replace(str(self.password), "***")
+        log.warning("flask_animegan: Redis at %s is unavailable (%s: %s); going on without "
+                    "the shared cache and result pages, trying again every %g s",
+                    self.address, self.error, message, self.retry_after)
+
+    def _recovered(self) -> None:
+        with self._lock:
+            if self.error is None:
+                return
+            self.error = None
+        log.warning("flask_animegan: Redis at %s is available again", self.address)
+
+
+_servers: dict[tuple[str, float, float], _Server] = {}
+_servers_lock = threading.Lock()
+
+
+def _server(uri: str, timeout: float, retry_after: float) -> _Server:
+    """The process's shared :class:`_Server` for ``uri`` (made on first use)."""
+    with _servers_lock:
+        key = (uri, timeout, retry_after)
+        if key not in _servers:
+            _servers[key] = _Server(uri, timeout=timeout, retry_after=retry_after)
+        return _servers[key]
+
+
+def _address(uri: str, client: redis.Redis) -> str:
+    """Where the server is, for logs and health checks: the URI without credentials."""
+    options = client.connection_pool.connection_kwargs
+    db = options.get("db", 0)
+    if "path" in options:
+        return f"unix://{options['path']}?db={db}"
+    host, port = options.get("host", "localhost"), options.get("port", 6379)
+    return f"{urlsplit(uri).scheme.lower()}://{host}:{port}/{db}"
+
+
+def _milliseconds(ttl: float) -> int:
+    return max(int(ttl * 1000), 1)
+
+
+class RedisStorage(Storage):
+    """Values and capped index lists in Redis under ``prefix``; quiet and quick when it is down."""
+
+    backend = "redis"
+    max_bytes = None  # Redis maxmemory
+
+    def __init__(self, uri: str, *, prefix: str, timeout: float = 0.5,
+                 retry_after: float = 2.0) -> None:
+        self.prefix = prefix
+        self._server = _server(uri, timeout, retry_after)
+
+    def get(self, key: str) -> bytes | None:
+        return self._server.run(lambda client: client.get(self.prefix + key), None)
+
+    def set(self, key: str, value: bytes, ttl: float) -> bool:
+        if ttl <= 0:
+            return False
+        return self._server.run(
+            lambda client: bool(client.set(self.prefix + key, value, px=_milliseconds(ttl))),
+            False)
+
+    def index(self, name: str, limit: int) -> list[bytes]:
+        if limit <= 0:
+            return []
+        return self._server.run(lambda client: client.lrange(self.prefix + name, 0, limit - 1),
+                                [])
+
+    def set_indexed(self, key: str, value: bytes, *, index: str, member: bytes,
+                    ttl: float, cap: int) -> bool:
+        if ttl <= 0 or cap <= 0:
+            return False
+
+        def write(client: redis.Redis) -> bool:
+            pipe = client.pipeline(transaction=True)
+            pipe.set(self.prefix + key, value, px=_milliseconds(ttl))
+            pipe.lpush(self.prefix + index, member)
+            pipe.ltrim(self.prefix + index, 0, cap - 1)
+            pipe.pexpire(self.prefix + index, _milliseconds(ttl))
+            return bool(pipe.execute()[0])
+
+        return self._server.run(write, False)
+
+    def ping(self) -> bool:
+        return self._server.run(lambda client: bool(client.ping()), False)
+
+    def status(self) -> dict[str, Any]:
+        if self._server.error is not None:
+            self.ping()  # so that a recovery shows even when no request uses the storage
+        return {"backend": self.backend, "ok": self._server.error is None,
+                "server": self._server.address, "error": self._server.error}
+
+    @property
+    def healthy(self) -> bool:
+        return self._server.error is None
