@@ -64,6 +64,18 @@ def post_fork(server, worker):
     """Runs in each new worker before it loads the app."""
     _log_the_package_to_the_error_log(server)
     _keep_the_heap_flat()
+    from flask_animegan.process import configure_process
+
+    configure_process(int(_threads))
+
+
+def post_worker_init(worker):
+    """Runs in each worker after it loaded the app and before it takes requests: load
+    and warm up the model there, so the first request is as fast as the next ones
+    (``init_app`` itself loads nothing, which keeps `flask` CLI commands quick)."""
+    from flask_animegan.service import warm_up_all
+
+    warm_up_all()
 
 
 def _log_the_package_to_the_error_log(server):

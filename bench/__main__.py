@@ -19,7 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flask_animegan.engine import InferenceEngine, configure_torch_threads
+from flask_animegan.config import Settings
+from flask_animegan.engine import InferenceEngine
+from flask_animegan.process import configure_process
 
 from . import cache, ceilings, memory, model_speed, report, service, stages, targets
 from .inputs import PHOTO_DESCRIPTION, REPO, jpeg, photo, prepare_weights
@@ -51,15 +53,15 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
     """Measure every section with ``plan``; return the results and the failed sections."""
     started = time.monotonic()
     errors: list[str] = []
-    configure_torch_threads(ceilings.usable_cpus())
+    configure_process(ceilings.usable_cpus())
     machine = ceilings.machine_info()
     bf16 = machine["native_bf16"]
     weights = prepare_weights(workdir / "models")
     # what ANIMEGAN_PRECISION=auto settles on here, exactly as the app does at startup
-    probe = InferenceEngine(weights.models_dir, catalog={}, default_style=weights.style,
-                            precision="auto")
-    probe.load_default()
-    precision = probe.choose_precision(256)
+    probe = InferenceEngine.from_settings(
+        weights.models_dir, Settings(default_style=weights.style, precision="auto"))
+    probe.prepare(256)
+    precision = probe.precision
     machine["precision_auto"] = precision
     machine["precision_timings_256px"] = probe.precision_timings
     del probe

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from flask_animegan.config import Settings
 from flask_animegan.engine import InferenceEngine
 from flask_animegan.generator import Generator
 from flask_animegan.weights import load_generator
@@ -57,7 +58,8 @@ def runner(mode: str, models_dir: Path, style: str, weights: Path) -> Callable[[
                 return model(batch)
 
         return eager
-    engine = InferenceEngine(models_dir, catalog={}, default_style=style, precision=mode)
+    engine = InferenceEngine.from_settings(models_dir, Settings(default_style=style,
+                                                                precision=mode))
     prepared = engine.model(style)
     return lambda batch: engine.forward(prepared, batch)
 

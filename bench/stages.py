@@ -2,48 +2,52 @@
 
 from __future__ import annotations
 
-import time
+import io
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from flask_animegan import imaging
-from flask_animegan.config import DEFAULTS
+from flask_animegan.config import Settings
+from flask_animegan.decoders import Decoder
 from flask_animegan.engine import InferenceEngine
+from flask_animegan.pipeline import Pipeline
 
 from .timing import median, time_runs
 
-STAGES = ("decode", "resize", "to_tensor", "inference", "to_image", "encode")
+#: The pipeline's own stages (flask_animegan.pipeline): decode includes the fit to the
+#: output size, and the inference includes the tensor conversions.
+STAGES = ("decode", "inference", "encode")
 ENCODE_FORMATS = ("jpeg", "webp", "png")
 
 
-def pipeline_once(engine: InferenceEngine, model: Any, data: bytes, size: int,
-                  quality: int) -> tuple[dict[str, float], Any, bytes]:
+def make_pipeline(models_dir: Path, style: str, precision: str) -> Pipeline:
+    """The service's pipeline without a cache, decoding in helper processes as served."""
+    settings = Settings(default_style=style, precision=precision)
+    engine = InferenceEngine.from_settings(models_dir, settings)
+    decoder = Decoder.from_settings(settings)
+    decoder.start()
+    return Pipeline(decoder, engine, quality=settings.jpeg_quality)
+
+
+def pipeline_once(pipeline: Pipeline, data: bytes, size: int) -> tuple[dict[str, float], Any, bytes]:
     """Convert ``data`` once as the service does; return ms per stage, the result image, the file."""
-    marks = [time.perf_counter()]
-    decoded = imaging.decode_upload(data, max_pixels=DEFAULTS["ANIMEGAN_MAX_PIXELS"], size=size)
-    marks.append(time.perf_counter())
-    fitted = imaging.fit(decoded, size)
-    marks.append(time.perf_counter())
-    batch = imaging.to_tensor(fitted)
-    marks.append(time.perf_counter())
-    out = engine.forward(model, batch)
-    marks.append(time.perf_counter())
-    result = imaging.to_image(out)
-    marks.append(time.perf_counter())
-    encoded = imaging.encode(result, "jpeg", quality)
-    marks.append(time.perf_counter())
-    ms = {stage: (marks[i + 1] - marks[i]) * 1000 for i, stage in enumerate(STAGES)}
-    return ms, result, encoded
+    style = pipeline.engine.style(None)
+    conversion = pipeline.convert(data, style, size, "jpeg")
+    ms = {"decode": conversion.timings["decode"], "inference": conversion.timings["infer"],
+          "encode": conversion.timings["encode"]}
+    result = Image.open(io.BytesIO(conversion.data)).convert("RGB")
+    return ms, result, conversion.data
 
 
 def measure(data: bytes, *, size: int, runs: int, models_dir: Path, style: str,
             precision: str) -> dict[str, Any]:
     """Median ms and share per stage of ``runs`` conversions (after one warm-up), plus encode costs."""
-    engine = InferenceEngine(models_dir, catalog={}, default_style=style, precision=precision)
-    model = engine.model(style)
-    quality = DEFAULTS["ANIMEGAN_JPEG_QUALITY"]
-    pipeline_once(engine, model, data, size, quality)  # warm-up: oneDNN primitives for this shape
-    laps = [pipeline_once(engine, model, data, size, quality) for _ in range(runs)]
+    pipeline = make_pipeline(models_dir, style, precision)
+    quality = pipeline.quality
+    pipeline_once(pipeline, data, size)  # warm-up: oneDNN primitives for this shape
+    laps = [pipeline_once(pipeline, data, size) for _ in range(runs)]
     stage_ms = {stage: median([ms[stage] for ms, _, _ in laps]) for stage in STAGES}
     total = sum(stage_ms.values())
     _, result, encoded = laps[-1]

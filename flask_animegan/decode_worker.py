@@ -26,6 +26,7 @@ from typing import BinaryIO
 
 from .decoding import DecodeLimits, decode_upload
 from .errors import BadImage, ConversionError, ImageTooLarge
+from .process import configure_decoding
 
 FRAME = struct.Struct(">II")
 
@@ -84,6 +85,7 @@ def _decode(request: dict, data: bytes) -> tuple[dict, bytes]:
 
 
 def main() -> None:
+    configure_decoding()
     # Answers go to the original stdout; anything a library prints goes to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

@@ -33,6 +33,7 @@ from pathlib import Path
 from PIL import Image
 
 from . import decoding
+from .config import Settings
 from .decode_worker import FRAME
 from .decoding import DecodeLimits
 from .errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
@@ -205,7 +206,19 @@ class Decoder:
         self.queue_timeout = queue_timeout
         self.pool = _POOL
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Decoder:
+        """A decoder with the ANIMEGAN_MAX_*, DECODE_* and queue settings."""
+        return cls(limits=DecodeLimits(max_pixels=settings.max_pixels,
+                                       max_bytes=settings.max_decode_bytes,
+                                       max_aspect=settings.max_aspect_ratio,
+                                       max_scans=settings.max_jpeg_scans),
+                   isolation=settings.decode_isolation, timeout=settings.decode_timeout,
+                   slots=settings.decoders, max_queue=settings.max_queue,
+                   queue_timeout=settings.queue_timeout)
+
     def start(self) -> None:
+        """Start a helper process now, so that the first upload does not wait for one."""
         if self.isolation == "process":
             self.pool.prestart(1)
 

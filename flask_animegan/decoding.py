@@ -26,7 +26,6 @@ import io
 import math
 import re
 import struct
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,9 +36,6 @@ from .errors import BadImage, ImageTooLarge, UnsupportedImage
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 ACCEPTED_HINT = "send a JPEG, PNG, WebP, GIF, BMP or TIFF image"
-
-# Uploads are untrusted: Pillow's own advice is to make its bomb warning an error.
-warnings.simplefilter("error", Image.DecompressionBombWarning)
 
 #: Bytes per pixel of Pillow's storage for a mode (RGB is stored in 4 bytes).
 _ONE_BYTE_MODES = frozenset({"1", "L", "P"})

@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from .catalog import KnownStyle
+from .catalog import StyleInfo
 from .weights import file_git_blob_sha1
 
 CHUNK = 64 * 1024
@@ -21,7 +21,7 @@ class DownloadError(Exception):
     """The download failed or did not match its pin; nothing was installed."""
 
 
-def pull_style(style: KnownStyle, models_dir: Path, *, base_url: str | None = None,
+def pull_style(style: StyleInfo, models_dir: Path, *, base_url: str | None = None,
                on_start: Callable[[int | None], None] = lambda total: None,
                on_chunk: Callable[[int], None] = lambda n: None,
                timeout: float = 30.0) -> Path:

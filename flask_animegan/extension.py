@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
-from flask import Flask
-from flask_limiter import Limiter
+from flask import Flask, current_app
 
 from . import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
-from . import config as settings
+from . import ratelimit
 from .cache import NearDuplicateCache, ResultStore
 from .catalog import known_styles
-from .clients import client_address
+from .config import DEFAULTS, Settings
 from .decoders import Decoder
-from .decoding import DecodeLimits
-from .engine import InferenceEngine, configure_torch_threads
+from .engine import InferenceEngine
 from .metrics import Metrics
+from .process import configure_process
 from .service import AnimeGANService, get_service
-from .views import LIMITED_ENDPOINTS, blueprint, routing_error_response
+from .storage import open_storage
+from .views import blueprint, routing_error_response
 
 EXTENSION_KEY = "animegan"
 #: The package logs here (the startup line, one line per conversion); gunicorn.conf.py
@@ -35,118 +34,95 @@ class AnimeGAN:
     prefix and in lower case (``AnimeGAN(app, max_side=384)``); values already in
     ``app.config`` win. Per-app state lives in ``app.extensions["animegan"]``, so
     one ``AnimeGAN`` object can serve several apps.
+
+    ``init_app`` is light: it reads the settings and registers the routes, the CLI
+    and the limits. The model loads when the serving process warms up
+    (``gunicorn.conf.py`` does it before taking requests; :meth:`warm_up` by hand)
+    or, failing that, on the first conversion.
     """
 
     def __init__(self, app: Flask | None = None, **options: Any) -> None:
-        unknown = {f"ANIMEGAN_{k.upper()}" for k in options} - set(settings.DEFAULTS)
+        unknown = {f"ANIMEGAN_{k.upper()}" for k in options} - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown AnimeGAN options: {', '.join(sorted(unknown))}; see "
-                            "flask_animegan.config.SETTINGS for the valid names")
+                            "flask_animegan.config.Settings for the valid names")
         self._options = {f"ANIMEGAN_{k.upper()}": v for k, v in options.items()}
         if app is not None:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
-        """Configure ``app``, load the default style, warm it up and register the routes."""
+        """Read the settings, make the service and register the routes and limits."""
         if EXTENSION_KEY in app.extensions:
             raise RuntimeError("AnimeGAN is already initialised on this app; call "
                                "init_app once per app")
-        for key, default in settings.DEFAULTS.items():
+        for key, default in DEFAULTS.items():
             app.config.setdefault(key, self._options.get(key, default))
-        cfg = app.config
         try:
-            settings.validate(cfg)
-            catalog = known_styles(cfg["ANIMEGAN_EXTRA_STYLES"])
+            settings = Settings.from_config(app.config)
+            catalog = known_styles(settings.extra_styles)
         except ValueError as exc:
             raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
+        app.config.setdefault("ANIMEGAN_MODEL", None)  # the default model, once loaded
 
-        configure_torch_threads(settings.torch_threads(cfg))
-        metrics = Metrics() if cfg["ANIMEGAN_METRICS"] else None
-        engine = InferenceEngine(
-            models_dir=self._models_dir(app), catalog=catalog,
-            default_style=cfg["ANIMEGAN_DEFAULT_STYLE"] or None,
-            max_loaded=cfg["ANIMEGAN_MAX_LOADED_STYLES"], max_queue=cfg["ANIMEGAN_MAX_QUEUE"],
-            queue_timeout=cfg["ANIMEGAN_QUEUE_TIMEOUT"],
-            precision=cfg["ANIMEGAN_PRECISION"], events=metrics,
-        )
-        started = time.perf_counter()
-        model, problem = engine.load_default()
-        engine.choose_precision(min(cfg["ANIMEGAN_WARMUP_SIZE"] or 128, 256))
-        engine.warm_up(cfg["ANIMEGAN_WARMUP_SIZE"])
-        model = engine.model(None) if model is not None else None
-        # the design card: the model is registered in app.config at startup
-        cfg["ANIMEGAN_MODEL"] = model
-        if model is None:
-            log.warning("flask_animegan: the default style is not usable, conversions "
-                        "will answer 503: %s", problem)
-        else:
-            log.info("flask_animegan: style %r loaded (%s) and warmed up in %.2f s",
-                     engine.default_style, engine.precision, time.perf_counter() - started)
-
-        ttl = cfg["ANIMEGAN_CACHE_TTL"]
-        cache = NearDuplicateCache(
-            max_bytes=cfg["ANIMEGAN_CACHE_MAX_BYTES"], ttl=ttl,
-            hash_size=cfg["ANIMEGAN_PHASH_SIZE"], max_distance=cfg["ANIMEGAN_PHASH_MAX_DISTANCE"],
-            color_tolerance=cfg["ANIMEGAN_COLOR_TOLERANCE"],
-            local_tolerance=cfg["ANIMEGAN_LOCAL_TOLERANCE"],
-        )
-        results = ResultStore(max_bytes=cfg["ANIMEGAN_RESULT_MAX_BYTES"],
-                              ttl=cfg["ANIMEGAN_RESULT_TTL"])
-        decoder = Decoder(
-            limits=DecodeLimits(max_pixels=cfg["ANIMEGAN_MAX_PIXELS"],
-                                max_bytes=cfg["ANIMEGAN_MAX_DECODE_BYTES"],
-                                max_aspect=cfg["ANIMEGAN_MAX_ASPECT_RATIO"],
-                                max_scans=cfg["ANIMEGAN_MAX_JPEG_SCANS"]),
-            isolation=cfg["ANIMEGAN_DECODE_ISOLATION"], timeout=cfg["ANIMEGAN_DECODE_TIMEOUT"],
-            slots=settings.decode_slots(cfg), max_queue=cfg["ANIMEGAN_MAX_QUEUE"],
-            queue_timeout=cfg["ANIMEGAN_QUEUE_TIMEOUT"])
-        decoder.start()
-        limiter = self._limiter(app)
-        service = AnimeGANService(cfg, engine, cache, results, limiter, decoder, metrics)
-        service.rate_limit_headers = not getattr(limiter, "_headers_enabled", False)
-        service.make_samples()
+        configure_process(settings.threads)
+        metrics = Metrics() if settings.metrics else None
+        engine = InferenceEngine.from_settings(self._models_dir(app, settings), settings,
+                                               catalog=catalog, events=metrics)
+        decoder = Decoder.from_settings(settings)
+        cache, results = self._stores(settings, app.config.get("SECRET_KEY"))
+        limiter = ratelimit.host_limiter(app) or ratelimit.own_limiter(app, settings)
+        service = AnimeGANService(settings, app.config, engine, decoder, cache, results,
+                                  limiter, metrics)
         app.extensions[EXTENSION_KEY] = service
-        app.register_blueprint(blueprint, url_prefix=cfg["ANIMEGAN_URL_PREFIX"])
+        app.register_blueprint(blueprint, url_prefix=settings.url_prefix)
         # Requests under the prefix that match no route (404, 405, 308) never reach the
         # blueprint's handlers; give them its headers and error bodies too.
         app.after_request(routing_error_response)
-        self._apply_limits(app, limiter, cfg["ANIMEGAN_RATE_LIMIT"])
+        ratelimit.configure(limiter)
+        app.before_request(_adopt_host_limiter)
 
     @staticmethod
-    def _models_dir(app: Flask) -> Path:
-        path = Path(app.config["ANIMEGAN_MODELS_DIR"])
+    def _models_dir(app: Flask, settings: Settings) -> Path:
+        path = Path(settings.models_dir)
         return path if path.is_absolute() else Path(app.root_path) / path
 
     @staticmethod
-    def _limiter(app: Flask) -> Limiter:
-        """The host app's flask-limiter Limiter if it has one, else a new one for this app."""
-        for existing in app.extensions.get("limiter", ()):
-            if isinstance(existing, Limiter):
-                return existing
-        # Our views add the X-RateLimit-* headers (flask-limiter's would put Retry-After
-        # on every response, 200s included); 429s carry Retry-After from our handler.
-        return Limiter(client_address, app=app, headers_enabled=False,
-                       storage_uri=(app.config["ANIMEGAN_RATELIMIT_STORAGE_URI"]
-                                    or app.config["ANIMEGAN_STORAGE_URI"]))
+    def _stores(settings: Settings, secret: Any) -> tuple[NearDuplicateCache, ResultStore]:
+        """The result cache and the result pages, both at ANIMEGAN_STORAGE_URI.
 
-    @staticmethod
-    def _apply_limits(app: Flask, limiter: Limiter, rate: str) -> None:
-        """Limit upload+convert together per client; exempt every other route of ours.
-
-        Done on this app's view functions (not with decorators at import time) so that
-        each app gets its own limiter and limit.
-        """
-        prefix = f"{blueprint.name}."
-        for endpoint, view in list(app.view_functions.items()):
-            if not endpoint.startswith(prefix):
-                continue
-            if endpoint in LIMITED_ENDPOINTS and rate:
-                app.view_functions[endpoint] = limiter.shared_limit(
-                    rate, scope="animegan-conversions")(view)
-            else:
-                limiter.exempt(view)
+        Cache keys carry a digest of the client's address keyed with the app's
+        SECRET_KEY (the same on every instance, or they stop sharing the cache), so
+        whoever can read Redis cannot list who converted what."""
+        cache = NearDuplicateCache(
+            open_storage(settings.storage_uri, max_bytes=settings.cache_max_bytes,
+                         prefix="animegan:cache:"),
+            ttl=settings.cache_ttl, hash_size=settings.phash_size,
+            max_distance=settings.phash_max_distance,
+            color_tolerance=settings.color_tolerance,
+            local_tolerance=settings.local_tolerance,
+            key=secret.encode() if isinstance(secret, str) else bytes(secret or b""))
+        results = ResultStore(
+            open_storage(settings.storage_uri, max_bytes=settings.result_max_bytes,
+                         prefix="animegan:page:"),
+            ttl=settings.result_ttl, max_bytes=settings.result_max_bytes)
+        return cache, results
 
     @staticmethod
     def service() -> AnimeGANService:
         """The current app's service (same as ``current_app.extensions["animegan"]``)."""
         return get_service()
+
+    @staticmethod
+    def warm_up(app: Flask) -> None:
+        """Load ``app``'s default style and warm it up now (gunicorn.conf.py does this
+        in each worker; call it yourself under another server)."""
+        app.extensions[EXTENSION_KEY].warm_up()
+
+
+def _adopt_host_limiter() -> None:
+    """Once per app, at its first request: a Limiter the host made after AnimeGAN(app)
+    takes over our limit (see ratelimit.py)."""
+    service = get_service()
+    if not service.limiter_settled:
+        ratelimit.adopt_host_limiter(service, current_app._get_current_object())  # type: ignore[attr-defined]
+        service.limiter_settled = True

@@ -84,7 +84,8 @@ class Metrics:
     def request_done(self, endpoint: str | None, status: int) -> None:
         self.requests.labels(endpoint or "unknown", str(status)).inc()
 
-    def conversion_done(self, conversion: Any, cache_enabled: bool, cache_bytes: int) -> None:
+    def conversion_done(self, conversion: Any, cache_enabled: bool,
+                        cache_bytes: int | None) -> None:
         total = sum(conversion.timings.values()) / 1000
         self.conversion_seconds.labels(conversion.style,
                                        size_class(max(conversion.size))).observe(total)
@@ -92,7 +93,8 @@ class Metrics:
             self.stage_seconds.labels(stage).observe(ms / 1000)
         if cache_enabled:
             self.cache_lookups.labels("hit" if conversion.cache_hit else "miss").inc()
-            self.cache_bytes.set(cache_bytes)
+            if cache_bytes is not None:  # Redis: its own INFO memory tells
+                self.cache_bytes.set(cache_bytes)
 
     def exposition(self) -> tuple[bytes, str]:
         """The text format of every value (summed over worker processes if multiprocess)."""

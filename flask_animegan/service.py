@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import io
+import logging
 import os
-import time
-from dataclasses import dataclass, field
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -14,57 +14,101 @@ from PIL import Image
 
 from . import imaging
 from .cache import NearDuplicateCache, ResultStore
-from .config import OUTPUT_FORMATS
+from .config import OUTPUT_FORMATS, Settings
 from .decoders import Decoder
 from .engine import MIN_SIDE, InferenceEngine
 from .errors import BadParameter, ConversionError
 from .metrics import Metrics
+from .pipeline import Conversion, Pipeline
+
+__all__ = ["AnimeGANService", "Conversion", "get_service", "warm_up_all"]
 
 FORMAT_ALIASES = {"jpg": "jpeg"}
 #: The photo the style picker's samples are made from (NASA's public-domain portrait of
 #: Eileen Collins, as shipped in scikit-image's ``data.astronaut``).
 SAMPLE_PHOTO = Path(__file__).resolve().parent / "static" / "sample-photo.jpg"
-
-
-@dataclass
-class Conversion:
-    """The outcome of converting one upload."""
-
-    data: bytes
-    mimetype: str
-    format: str
-    style: str
-    size: tuple[int, int]
-    cache_hit: bool
-    face_crop: bool
-    input_image: Image.Image  # the decoded, fitted input (what the network saw)
-    timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
+log = logging.getLogger("flask_animegan")
+#: Every service made in this process, for gunicorn's post_worker_init (warm_up_all).
+_services: weakref.WeakSet[AnimeGANService] = weakref.WeakSet()
 
 
 class AnimeGANService:
-    """Everything one app needs to convert photos: engine, cache, result store, limits."""
+    """Everything one app needs to convert photos: engine, pipeline, stores, limits."""
 
-    def __init__(self, config: dict[str, Any], engine: InferenceEngine,
-                 cache: NearDuplicateCache, results: ResultStore, limiter: Any,
-                 decoder: Decoder, metrics: Metrics | None = None) -> None:
+    def __init__(self, settings: Settings, config: Any, engine: InferenceEngine,
+                 decoder: Decoder, cache: NearDuplicateCache, results: ResultStore,
+                 limiter: Any, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self._config = config  # the app's config, where ANIMEGAN_MODEL is published
         self.engine = engine
         self.decoder = decoder
-        self.cache_scope: str = config["ANIMEGAN_CACHE_SCOPE"]
-        self.rate_limit_headers = True  # False when the host's Limiter adds its own
-        self.health_details: str = config["ANIMEGAN_HEALTH_DETAILS"]
         self.cache = cache
         self.results = results
-        self.limiter = limiter
         self.metrics = metrics
-        self.sample_size: int = config["ANIMEGAN_SAMPLE_SIZE"]
+        self.pipeline = Pipeline(decoder, engine, quality=settings.jpeg_quality, cache=cache)
+        self.limiter: Any = None
+        self.rate_limit_headers = True  # False when the Limiter adds its own
+        self.use_limiter(limiter)
         self._samples: dict[str, bytes] = {}
-        self.max_side: int = config["ANIMEGAN_MAX_SIDE"]
-        self.max_pixels: int = config["ANIMEGAN_MAX_PIXELS"]
-        self.max_upload_bytes: int = config["ANIMEGAN_MAX_UPLOAD_BYTES"]
-        self.output_format: str = config["ANIMEGAN_OUTPUT_FORMAT"]
-        self.quality: int = config["ANIMEGAN_JPEG_QUALITY"]
-        self.base_template: str = config["ANIMEGAN_BASE_TEMPLATE"]
-        self.rate_limit: str = config["ANIMEGAN_RATE_LIMIT"] or ""
+        self._samples_lock = threading.Lock()
+        self._warm_lock = threading.Lock()
+        self.warmed_up = False
+        self.limiter_settled = False  # see extension._adopt_host_limiter
+        _services.add(self)
+
+    # settings the views and templates read
+    @property
+    def max_side(self) -> int:
+        return self.settings.max_side
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return self.settings.max_upload_bytes
+
+    @property
+    def output_format(self) -> str:
+        return self.settings.output_format
+
+    @property
+    def quality(self) -> int:
+        return self.settings.jpeg_quality
+
+    @property
+    def sample_size(self) -> int:
+        return self.settings.sample_size
+
+    @property
+    def base_template(self) -> str:
+        return self.settings.base_template
+
+    @property
+    def rate_limit(self) -> str:
+        return self.settings.rate_limit or ""
+
+    def use_limiter(self, limiter: Any) -> None:
+        self.limiter = limiter
+        self.rate_limit_headers = not getattr(limiter, "_headers_enabled", False)
+
+    # -- getting ready -------------------------------------------------------------
+    def warm_up(self) -> None:
+        """Load the default style, settle its precision, run the warm-up inference and
+        make the style samples, so that the first request is as fast as the next ones.
+
+        gunicorn.conf.py calls it in each worker before it takes requests; without it,
+        the first conversion does the same work.
+        """
+        with self._warm_lock:
+            if self.warmed_up:
+                return
+            self.decoder.start()
+            model, problem = self.engine.prepare(self.settings.warmup_size)
+            self._config["ANIMEGAN_MODEL"] = model
+            if model is None:
+                log.warning("flask_animegan: the default style is not usable, conversions "
+                            "will answer 503: %s", problem)
+            else:
+                self.make_samples()
+            self.warmed_up = True
 
     # -- parameters ----------------------------------------------------------------
     def parse_size(self, raw: Any) -> int:
@@ -94,8 +138,8 @@ class AnimeGANService:
                 size: int | None = None) -> Image.Image:
         """Convert a PIL image (any mode) with ``style`` at long side ``size``; no cache."""
         chosen = self.engine.style(style)
-        fitted = imaging.fit(imaging.to_rgb(image), self.parse_size(size), square=chosen.face)
-        return self.engine.run(fitted, chosen.name)
+        self._ready()
+        return self.pipeline.convert_image(image, chosen, self.parse_size(size))
 
     def convert_upload(self, data: bytes, style: str | None = None, size: Any = None,
                        fmt: Any = None, client: str | None = None) -> Conversion:
@@ -107,38 +151,13 @@ class AnimeGANService:
         chosen = self.engine.style(style)
         size = self.parse_size(size)
         fmt = self.parse_format(fmt)
-        timings: dict[str, float] = {}
-        clock = time.perf_counter()
+        self._ready()
+        scope = client if self.settings.cache_scope == "client" else None
+        return self.pipeline.convert(data, chosen, size, fmt, scope=scope)
 
-        def lap(stage: str) -> None:
-            nonlocal clock
-            now = time.perf_counter()
-            timings[stage] = round((now - clock) * 1000, 2)
-            clock = now
-
-        fitted = self.decoder.decode(data, size=size, square=chosen.face)
-        lap("decode")
-        scope = client if self.cache_scope == "client" else None
-        namespace = (scope, chosen.name, size, fmt)
-        fingerprint = self.cache.fingerprint(fitted) if self.cache.enabled else None
-        cached = self.cache.get(namespace, fingerprint) if fingerprint else None
-        lap("cache")
-        if cached is not None and cached.size == fitted.size:
-            encoded = cached.data
-        else:
-            if cached is not None:  # same photo sent at a slightly different size
-                result = Image.open(io.BytesIO(cached.data)).convert("RGB")
-                result = result.resize(fitted.size, Image.Resampling.LANCZOS)
-            else:
-                result = self.engine.run(fitted, chosen.name)
-                lap("infer")
-            encoded = imaging.encode(result, fmt, self.quality)
-            if cached is None and fingerprint is not None:
-                self.cache.put(namespace, fingerprint, encoded, fitted.size)
-        lap("encode")
-        return Conversion(encoded, imaging.MIME_TYPES[fmt], fmt, chosen.name, fitted.size,
-                          cache_hit=cached is not None, face_crop=chosen.face,
-                          input_image=fitted, timings=timings)
+    def _ready(self) -> None:
+        if not self.warmed_up:
+            self.warm_up()
 
     def style_sample(self, name: str) -> bytes:
         """A small JPEG of the bundled sample photo in style ``name`` (made once, then kept)."""
@@ -148,11 +167,12 @@ class AnimeGANService:
             with Image.open(SAMPLE_PHOTO) as photo:
                 fitted = imaging.fit(photo.convert("RGB"), self.sample_size, square=chosen.face)
             sample = imaging.encode(self.engine.run(fitted, chosen.name), "jpeg", 85)
-            self._samples[chosen.name] = sample
+            with self._samples_lock:
+                self._samples[chosen.name] = sample
         return sample
 
     def make_samples(self) -> None:
-        """Make every installed style's sample now (at startup), skipping broken styles."""
+        """Make every installed style's sample now, skipping broken styles."""
         if not self.sample_size:
             return
         for name in self.engine.styles:
@@ -161,48 +181,69 @@ class AnimeGANService:
             except ConversionError:
                 pass
 
+    # -- describing ----------------------------------------------------------------
     def styles_info(self) -> list[dict[str, Any]]:
         """Installed and pullable styles, for the page and ``GET /styles``."""
         installed = self.engine.styles
-        default = self.engine.default_style
-        broken = self.engine.status()["broken"]
-        names = sorted(set(installed) | set(self.engine.catalog))
-        return [{
-            "name": name,
-            "installed": name in installed,
-            "default": name == default,
-            "usable": name in installed and name not in broken,
-            "face_crop": (installed[name].face if name in installed
-                          else self.engine.catalog[name].face),
-            "licence": (installed[name].licence if name in installed
-                        else self.engine.catalog[name].licence),
-            "description": (installed[name].description if name in installed
-                            else self.engine.catalog[name].description),
-            **({"error": broken[name]} if name in broken else {}),
-        } for name in names]
+        broken = self.engine.pool.broken()
+        catalog = self.engine.catalog
+        infos = []
+        for name in sorted(set(installed) | set(catalog)):
+            info = installed.get(name) or catalog[name]
+            infos.append({
+                "name": name,
+                "installed": name in installed,
+                "default": name == self.engine.default_style,
+                "usable": name in installed and name not in broken,
+                "face_crop": info.face,
+                "licence": info.licence,
+                "description": info.description,
+                **({"error": broken[name]} if name in broken else {}),
+            })
+        return infos
+
+    def storage_status(self) -> dict[str, Any]:
+        """Where the cache and the result pages live, and whether it answers (one ping:
+        a worker that has not used Redis for a while still notices an outage)."""
+        storage = self.results.storage
+        if storage.backend != "memory":
+            storage.ping()
+        return storage.status()
 
     def health(self, details: bool = True) -> dict[str, Any]:
-        """``{"status": ...}`` (ok, degraded, no_model); with ``details``, the engine's state."""
+        """``{"status": ...}`` (ok, degraded, no_model); with ``details``, the engine's state.
+
+        ``degraded``: a style is broken, or the shared storage (Redis) is unreachable,
+        so conversions run without the cache.
+        """
         engine = self.engine.status()
+        storage = self.storage_status()
         default = engine["default_style"]
         if default not in engine["installed"] or default in engine["broken"]:
             status = "no_model"
-        elif engine["broken"]:
+        elif engine["broken"] or not storage.get("ok", True):
             status = "degraded"
         else:
             status = "ok"
         if not details:
             return {"status": status}
-        return {"status": status, "pid": os.getpid(), **engine, "cache": self.cache.stats(),
-                "decoder": self.decoder.status()}
+        return {"status": status, "pid": os.getpid(), **engine, "storage": storage,
+                "cache": self.cache.stats(), "decoder": self.decoder.status()}
 
 
 def get_service() -> AnimeGANService:
     """The current app's AnimeGAN service; explains the fix when the extension is missing."""
     try:
-        return current_app.extensions["animegan"]
+        service: AnimeGANService = current_app.extensions["animegan"]
     except KeyError:
         raise RuntimeError(
             "flask_animegan is not initialised on this app: did you forget "
             "AnimeGAN(app) or animegan.init_app(app)?"
         ) from None
+    return service
+
+
+def warm_up_all() -> None:
+    """Warm up every AnimeGAN app made in this process (gunicorn.conf.py's post_worker_init)."""
+    for service in list(_services):
+        service.warm_up()

@@ -18,7 +18,8 @@ from .clients import client_key, is_loopback
 from .config import OUTPUT_FORMATS
 from .errors import BadImage, ConversionError, UnsupportedImage
 from .imaging import encode
-from .service import Conversion, get_service
+from .pipeline import Conversion, describe_timings
+from .service import get_service
 
 blueprint = Blueprint("animegan", __name__, template_folder="templates",
                       static_folder="static", cli_group="animegan")
@@ -26,7 +27,8 @@ blueprint = Blueprint("animegan", __name__, template_folder="templates",
 #: Endpoints that answer JSON (errors included); the others render pages.
 API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz",
                            "animegan.style_sample", "animegan.metrics"})
-#: Endpoints that spend CPU on a conversion: these share the rate limit.
+#: Endpoints that spend CPU on a conversion: the blueprint's POST routes, which share
+#: the rate limit (ratelimit.py).
 LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert"})
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
 #: Output sizes the form offers (those up to ANIMEGAN_MAX_SIDE, and the maximum itself).
@@ -147,7 +149,7 @@ def _convert_request() -> Conversion:
     _log_conversion(200, conversion)
     if service.metrics is not None:
         service.metrics.conversion_done(conversion, service.cache.enabled,
-                                        service.cache.stats()["bytes"])
+                                        service.cache.stats().get("bytes"))
     return conversion
 
 
@@ -229,7 +231,7 @@ def convert() -> Response:
         "X-AnimeGAN-Face-Crop": "centre-square" if conversion.face_crop else "none",
         "Cache-Control": "no-store",
         # browser devtools show where the time went
-        "Server-Timing": ", ".join(f"{stage};dur={ms}" for stage, ms in conversion.timings.items()),
+        "Server-Timing": describe_timings(conversion.timings),
     })
     return response
 
@@ -263,8 +265,8 @@ def metrics() -> Response:
 def healthz() -> Response:
     """The status for load balancers; details (ANIMEGAN_HEALTH_DETAILS) for operators."""
     service = get_service()
-    show = service.health_details == "all" or (
-        service.health_details == "local" and is_loopback(client_key(None)))
+    who = service.settings.health_details
+    show = who == "all" or (who == "local" and is_loopback(client_key(None)))
     health = service.health(details=show)
     return make_response(jsonify(health), 503 if health["status"] == "no_model" else 200)
 

@@ -39,7 +39,8 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def make_app(models_dir: Path) -> Callable[..., Flask]:
-    """Build a fresh Flask app with AnimeGAN; keyword arguments become config."""
+    """Build a fresh Flask app with AnimeGAN, warmed up as under gunicorn; keyword
+    arguments become config."""
 
     def factory(**config: object) -> Flask:
         app = Flask("host_app")
@@ -52,6 +53,7 @@ def make_app(models_dir: Path) -> Callable[..., Flask]:
         })
         app.config.update(config)
         AnimeGAN(app)
+        AnimeGAN.warm_up(app)  # as gunicorn.conf.py does in each worker
         return app
 
     return factory

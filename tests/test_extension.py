@@ -26,10 +26,35 @@ def test_app_factory_pattern_and_model_registered_in_config(models_dir):
     animegan = AnimeGAN()
     app = base_app(models_dir)
     animegan.init_app(app)
+    # init_app loads nothing (CLI commands stay quick); the warm-up loads the default
+    assert app.config["ANIMEGAN_MODEL"] is None
+    assert app.extensions["animegan"].engine.status()["loaded"] == []
+    AnimeGAN.warm_up(app)
     assert isinstance(app.config["ANIMEGAN_MODEL"], Generator)
+    assert app.extensions["animegan"].engine.status()["loaded"][0] == "other_style"
     assert app.extensions["animegan"].engine.default_style == "other_style"
     assert app.config["ANIMEGAN_URL_PREFIX"] == "/animegan"  # defaults set on the real config
     assert not hasattr(animegan, "app")
+
+
+def test_without_a_warm_up_the_first_conversion_loads_the_model(models_dir):
+    app = base_app(models_dir, ANIMEGAN_RATE_LIMIT="")
+    AnimeGAN(app)
+    response = app.test_client().post("/animegan/convert", data=photo_bytes("coffee"),
+                                      content_type="image/jpeg")
+    assert response.status_code == 200
+    assert isinstance(app.config["ANIMEGAN_MODEL"], Generator)
+    assert app.extensions["animegan"].warmed_up
+
+
+def test_torch_threads_are_set_once_per_process_not_by_the_last_app(models_dir, caplog):
+    import torch
+
+    before = torch.get_num_threads()
+    with caplog.at_level(logging.WARNING, logger="flask_animegan"):
+        AnimeGAN(base_app(models_dir, ANIMEGAN_TORCH_THREADS=before + 1))
+    assert torch.get_num_threads() == before
+    assert any("torch threads are per process" in r.getMessage() for r in caplog.records)
 
 
 def test_init_app_twice_on_one_app_is_an_error(models_dir):
@@ -87,27 +112,46 @@ def test_service_outside_an_initialised_app_says_what_to_do():
         get_service()
 
 
-def test_reuses_the_host_limiter(models_dir):
-    app = base_app(models_dir, ANIMEGAN_RATE_LIMIT="1 per minute")
-    limiter = Limiter(get_remote_address, app=app, storage_uri="memory://",
-                      default_limits=["2 per minute"])
+@pytest.mark.parametrize("order", ["limiter first", "animegan first"])
+def test_one_limiter_whatever_the_order_and_healthz_is_never_limited(models_dir, order):
+    """The host's Limiter counts our conversions; its default, application-wide limits
+    touch none of our routes; /healthz answers every time. Made before or after us."""
+    app = base_app(models_dir, ANIMEGAN_RATE_LIMIT="2 per minute")
+
+    def host_limiter() -> Limiter:
+        return Limiter(get_remote_address, app=app, storage_uri="memory://",
+                       default_limits=["2 per minute"], application_limits=["30 per minute"])
 
     @app.get("/own")
     def own() -> str:
         return "host page"
 
-    AnimeGAN(app)
-    assert app.extensions["limiter"] == {limiter}
-    assert app.extensions["animegan"].limiter is limiter
+    if order == "limiter first":
+        limiter = host_limiter()
+        AnimeGAN(app)
+        assert app.extensions["limiter"] == {limiter}
+    else:
+        AnimeGAN(app)
+        limiter = host_limiter()
     client = app.test_client()
+    assert [client.get("/animegan/healthz").status_code for _ in range(12)] == [200] * 12
+    assert app.extensions["animegan"].limiter is limiter
     data = photo_bytes("coffee")
-    assert client.post("/animegan/convert", data=data, content_type="image/jpeg").status_code == 200
-    limited = client.post("/animegan/convert", data=data, content_type="image/jpeg")
-    assert limited.status_code == 429 and int(limited.headers["Retry-After"]) > 0
+    statuses = [client.post("/animegan/convert", data=data, content_type="image/jpeg").status_code
+                for _ in range(2)]
+    form = client.post("/animegan/upload", data={"image": (io.BytesIO(data), "a.jpg")})
+    assert statuses == [200, 200] and form.status_code == 429  # one budget for both routes
+    assert int(form.headers["Retry-After"]) > 0
     # the host's default limit still applies to its own routes, not to our pages
     assert [client.get("/own").status_code for _ in range(3)] == [200, 200, 429]
     for _ in range(3):
         assert client.get("/animegan/styles").status_code == 200
+        assert client.get("/animegan/").status_code == 200
+    assert client.get("/animegan/healthz").status_code == 200
+    # our view functions are the blueprint's own, not wrapped by a limiter
+    from flask_animegan import views
+
+    assert app.view_functions["animegan.convert"] is views.convert
 
 
 def test_python_api_converts_pil_images_of_any_mode(app):

@@ -125,7 +125,7 @@ def test_queue_depth_and_in_flight_follow_the_engine(make_app):
         return value(samples, "animegan_in_flight"), value(samples, "animegan_queue_depth")
 
     def hold() -> None:
-        with engine.slot():
+        with engine.gate.slot():
             release.wait(30)
 
     holder = threading.Thread(target=hold)

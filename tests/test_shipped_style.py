@@ -14,7 +14,9 @@ from PIL import Image
 
 from conftest import REPO, open_image, photo, photo_bytes
 from flask_animegan import imaging, load_generator
-from flask_animegan.engine import InferenceEngine, native_bf16
+from flask_animegan.config import Settings
+from flask_animegan.engine import InferenceEngine
+from flask_animegan.precision import native_bf16
 from servers import Server
 
 SHIPPED = REPO / "models" / "toon_demo.pt"
@@ -55,8 +57,8 @@ def test_bf16_stays_within_40_db_of_fp32_on_real_photos(name):
     image = imaging.fit(photo(name), 512)
     outputs = {}
     for precision in ("fp32", "bf16"):
-        engine = InferenceEngine(SHIPPED.parent, catalog={}, default_style="toon_demo",
-                                 precision=precision)
+        engine = InferenceEngine.from_settings(
+            SHIPPED.parent, Settings(default_style="toon_demo", precision=precision))
         outputs[precision] = np.asarray(engine.run(image))
     value = psnr(outputs["fp32"], outputs["bf16"])
     print(f"\n{name}: bf16 vs fp32 PSNR {value:.1f} dB")
@@ -95,11 +97,11 @@ def test_a_fresh_clone_serves_the_shipped_style_by_default(tmp_path):
 
 
 def test_auto_precision_times_both_and_keeps_the_faster():
-    engine = InferenceEngine(SHIPPED.parent, catalog={}, default_style="toon_demo",
-                             precision="auto")
-    engine.load_default()
+    engine = InferenceEngine.from_settings(
+        SHIPPED.parent, Settings(default_style="toon_demo", precision="auto"))
     assert engine.precision == "fp32"  # until measured
-    chosen = engine.choose_precision(64)
+    engine.prepare(64)
+    chosen = engine.precision
     if native_bf16():
         timings = engine.precision_timings
         assert set(timings) == {"fp32", "bf16"} and chosen == min(timings, key=timings.get)

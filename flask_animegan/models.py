@@ -1,0 +1,127 @@
+"""Loaded networks: the default style pinned, a few others kept (LRU), broken files remembered."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from cachetools import LRUCache
+from torch import nn
+
+from .catalog import StyleInfo
+from .errors import StyleUnavailable
+from .weights import WeightsError, load_generator
+
+log = logging.getLogger("flask_animegan")
+
+
+def _mtime(path: Path | None) -> float | None:
+    try:
+        return path.stat().st_mtime if path is not None else None
+    except OSError:
+        return None
+
+
+class LoadEvents(Protocol):
+    def model_loaded(self, style: str, seconds: float) -> None: ...
+
+
+class ModelPool:
+    """Networks by style name, in channels-last layout and the pool's dtype.
+
+    ``pinned`` (the default style) is never evicted; up to ``max_loaded`` others stay
+    loaded, least recently used first out. A file that failed to load is retried only
+    once it has changed.
+    """
+
+    def __init__(self, *, max_loaded: int, pinned: str | None, dtype: torch.dtype = torch.float32,
+                 events: LoadEvents | None = None) -> None:
+        self.pinned = pinned
+        self.dtype = dtype
+        self.events = events
+        self._pinned_model: nn.Module | None = None
+        self._models: LRUCache[str, nn.Module] = LRUCache(maxsize=max_loaded)
+        # name -> (public message, details for the log and the CLI, file mtime)
+        self._broken: dict[str, tuple[str, str, float | None]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, style: StyleInfo) -> nn.Module:
+        """The loaded network for ``style``, loading it on first use."""
+        if style.name == self.pinned and self._pinned_model is not None:
+            return self._pinned_model
+        with self._lock:
+            model = self._models.get(style.name)
+            if model is None and style.name == self.pinned:
+                model = self._pinned_model
+            if model is None:
+                model = self._load(style)
+                if style.name == self.pinned:
+                    self._pinned_model = model
+                else:
+                    self._models[style.name] = model
+            return model
+
+    def _load(self, style: StyleInfo) -> nn.Module:
+        failed = self._broken.get(style.name)
+        if failed and failed[2] == _mtime(style.path):
+            raise StyleUnavailable(failed[0])
+        assert style.path is not None, "only installed styles are loaded"
+        try:
+            started = time.perf_counter()
+            model = self.prepare(load_generator(style.path))
+            if self.events is not None:
+                self.events.model_loaded(style.name, time.perf_counter() - started)
+        except WeightsError as exc:
+            raise StyleUnavailable(self.mark_broken(style, str(exc))) from exc
+        self._broken.pop(style.name, None)
+        return model
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Channels-last layout (oneDNN's fast path) in the pool's dtype."""
+        return model.to(dtype=self.dtype, memory_format=torch.channels_last)
+
+    def replace_pinned(self, model: nn.Module, dtype: torch.dtype) -> None:
+        """Serve the pinned style with ``model`` (already in ``dtype``) from now on."""
+        with self._lock:
+            self.dtype = dtype
+            self._pinned_model = model
+            self._models.clear()  # others reload in the new dtype
+
+    def mark_broken(self, style: StyleInfo, details: str) -> str:
+        """Record that ``style`` cannot serve; returns the public message.
+
+        The details (with the file's path) go to the log and ``flask animegan styles``;
+        visitors only learn that the style is unavailable.
+        """
+        public = (f"style {style.name!r} is unavailable: its weights cannot be used. "
+                  "The server's log says why; choose another style")
+        if self._broken.get(style.name, ("", ""))[1] != details:
+            log.error("flask_animegan: style %r cannot be used: %s", style.name, details)
+        self._broken[style.name] = (public, details, _mtime(style.path))
+        self._models.pop(style.name, None)
+        if style.name == self.pinned:
+            self._pinned_model = None
+        return public
+
+    @property
+    def loaded(self) -> list[str]:
+        names = list(self._models.keys())
+        if self._pinned_model is not None and self.pinned is not None:
+            names.insert(0, self.pinned)
+        return names
+
+    @property
+    def pinned_model(self) -> nn.Module | None:
+        return self._pinned_model
+
+    def broken(self) -> dict[str, str]:
+        """Public message per broken style."""
+        return {name: public for name, (public, _, _) in self._broken.items()}
+
+    def broken_details(self) -> dict[str, str]:
+        """Why each broken style fails, with file paths: for the CLI and the log only."""
+        return {name: details for name, (_, details, _) in self._broken.items()}

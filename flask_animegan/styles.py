@@ -1,0 +1,74 @@
+"""The styles installed in a models folder, and which one is the default."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from .catalog import STYLE_NAME, StyleInfo, describe
+from .errors import StyleUnavailable, UnknownStyle
+from .weights import find_style_files, skipped_style_files
+
+log = logging.getLogger("flask_animegan")
+
+#: Without ANIMEGAN_DEFAULT_STYLE the first installed of these is the default (else the
+#: first installed style alphabetically): an official style beats the shipped demo.
+PREFERRED_DEFAULTS = ("paprika", "face_paint_512_v2", "toon_demo")
+
+
+class StyleRegistry:
+    """The ``NAME.pt`` files of ``models_dir``, described from the catalogue.
+
+    The default style is fixed when the registry is made: files that appear later
+    (``flask animegan pull``) are found by name, but never change which style a
+    request without ``style`` gets.
+    """
+
+    def __init__(self, models_dir: Path, catalog: Mapping[str, StyleInfo],
+                 default: str | None = None) -> None:
+        self.models_dir = models_dir
+        self.catalog = dict(catalog)
+        self._installed: dict[str, StyleInfo] = {}
+        self.skipped: dict[str, str] = {}  # file name -> why it is not a style
+        self.rescan()
+        self.default: str | None = default or self._preferred_default()
+
+    def rescan(self) -> None:
+        """Pick up weights files added to (or removed from) the models folder."""
+        self._installed = {name: describe(name, path, self.catalog)
+                           for name, path in find_style_files(self.models_dir).items()}
+        skipped = skipped_style_files(self.models_dir)
+        for name, why in skipped.items():
+            if name not in self.skipped:
+                log.warning("flask_animegan: ignoring %s in %s: %s", name, self.models_dir, why)
+        self.skipped = skipped
+
+    @property
+    def installed(self) -> dict[str, StyleInfo]:
+        return dict(self._installed)
+
+    def _preferred_default(self) -> str | None:
+        for name in PREFERRED_DEFAULTS:
+            if name in self._installed:
+                return name
+        return next(iter(sorted(self._installed)), None)
+
+    def get(self, name: str | None) -> StyleInfo:
+        """The installed style ``name`` (None: the default), else UnknownStyle/StyleUnavailable."""
+        if name is None:
+            name = self.default
+            if name is None:
+                raise StyleUnavailable(
+                    "no style is installed; run `flask animegan pull paprika` (or put a "
+                    f"NAME.pt file into {self.models_dir}) and restart the server")
+        if not STYLE_NAME.fullmatch(name):
+            raise UnknownStyle(f"{name!r} is not a valid style name")
+        if name not in self._installed:
+            self.rescan()
+        if name not in self._installed:
+            hint = (f"; it is an official style: run `flask animegan pull {name}`"
+                    if name in self.catalog else "")
+            raise UnknownStyle(f"style {name!r} is not installed{hint}. "
+                               f"Installed: {', '.join(sorted(self._installed)) or 'none'}")
+        return self._installed[name]
