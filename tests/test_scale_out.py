@@ -306,6 +306,11 @@ def test_conversions_go_on_while_redis_is_down_and_the_cache_comes_back(shared):
     first = client.convert(shared.a, photo_bytes("chelsea", quality=90))
     copy = client.convert(shared.b, photo_bytes("chelsea", quality=85))
     assert (first.headers["X-Cache"], copy.headers["X-Cache"]) == ("MISS", "HIT")
+    # the outage and the recovery are logged once per instance, without the password
+    for server in shared.instances:
+        log = server.output()
+        assert log.count("is unavailable (") == 1, log[-3000:]
+        assert log.count("is available again") == 1, log[-3000:]
 
 
 # --- (e) an instance dies ----------------------------------------------------------------------

@@ -1,0 +1,58 @@
+"""What a `flask` CLI command costs with the extension, against importing torch alone.
+
+    python -m bench.startup [--runs N]
+
+``init_app`` loads no weights, runs no warm-up and makes no samples, so any `flask`
+command (here `flask --app example_app animegan --help`) should cost about what
+importing torch costs, which the extension needs anyway. Both are timed as fresh
+processes, interleaved, in the same run; the report gives the medians and the
+difference (the target: at most 0.3 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .report import num, table
+
+REPO = Path(__file__).resolve().parent.parent
+COMMANDS = {
+    "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+    "flask --app example_app animegan --help": [
+        str(Path(sys.executable).with_name("flask")), "--app", "example_app", "animegan",
+        "--help"],
+}
+
+
+def measure(runs: int) -> dict[str, list[float]]:
+    """Seconds per fresh process, ``runs`` of each command, interleaved."""
+    seconds: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    for _ in range(runs):
+        for name, argv in COMMANDS.items():
+            started = time.perf_counter()
+            subprocess.run(argv, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+            seconds[name].append(time.perf_counter() - started)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.startup")
+    parser.add_argument("--runs", type=int, default=9)
+    args = parser.parse_args(argv)
+    seconds = measure(args.runs)
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    torch_s, cli_s = medians.values()
+    rows = [[name, num(medians[name], 3), num(min(seconds[name]), 3)] for name in COMMANDS]
+    print(table(["command", f"median of {args.runs} (s)", "best (s)"], rows))
+    print(f"\nthe CLI costs {cli_s - torch_s:+.3f} s beyond importing torch "
+          f"(ratio {cli_s / torch_s:.2f}; target: at most +0.3 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
