@@ -45,14 +45,20 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import imagehash
 import numpy as np
 from PIL import Image
-from scipy.ndimage import sobel, uniform_filter
 
 from .errors import ImageTooLarge
 from .storage import MemoryStorage, Storage
 from .storage.memory import ITEM_OVERHEAD
+
+
+def _ndimage() -> Any:
+    """scipy.ndimage, imported on first use: it takes 0.2 s, which every `flask` command
+    would pay at startup."""
+    from scipy import ndimage
+
+    return ndimage
 
 THUMB_SIDE = 16
 ASPECT_TOLERANCE = 0.02  # relative; a crop of a photo is a different photo
@@ -83,6 +89,8 @@ class Fingerprint:
 
     @classmethod
     def of(cls, image: Image.Image, hash_size: int) -> Fingerprint:
+        import imagehash  # imported on first use, like scipy: `flask` commands need neither
+
         digest = imagehash.phash(image, hash_size=hash_size)
         bits = np.packbits(digest.hash.flatten())
         # box-average to 4x the side in uint8, then to the side in float: rounding
@@ -113,7 +121,7 @@ class Fingerprint:
         be at most ``tolerance``, each channel's mean signed shift at most a third of it,
         and no cell may differ by more than five times it.
         """
-        diff = uniform_filter(self.thumbnail - other.thumbnail, size=(3, 3, 1), mode="nearest")
+        diff = _ndimage().uniform_filter(self.thumbnail - other.thumbnail, size=(3, 3, 1), mode="nearest")
         return bool(np.abs(diff).mean() <= tolerance
                     and np.abs(diff.reshape(-1, 3).mean(axis=0)).max() <= tolerance / 3
                     and np.abs(diff).max() <= tolerance * 5)
@@ -141,10 +149,10 @@ class Fingerprint:
         a = a.reshape(*a.shape[:2], -1).astype(np.float32)
         b = b.reshape(*b.shape[:2], -1).astype(np.float32)
         b += np.median((a - b).reshape(-1, a.shape[2]), axis=0)  # a global offset is not local
-        diff = uniform_filter(np.abs(a - b).sum(axis=2), window, mode="nearest")
+        diff = _ndimage().uniform_filter(np.abs(a - b).sum(axis=2), window, mode="nearest")
         # detail that both share: a blurred patch has none, so it is not excused by its original's
-        detail = uniform_filter(np.minimum(Fingerprint._gradient(a), Fingerprint._gradient(b)),
-                                window, mode="nearest")
+        shared = np.minimum(Fingerprint._gradient(a), Fingerprint._gradient(b))
+        detail = _ndimage().uniform_filter(shared, window, mode="nearest")
         gain = np.quantile(diff / (detail + floor), NOISE_QUANTILE)
         return float((diff / (gain * detail + floor)).max())
 
@@ -154,7 +162,8 @@ class Fingerprint:
         total = np.zeros(channels.shape[:2], np.float32)
         for c in range(channels.shape[2]):
             plane = channels[..., c]
-            total += np.hypot(sobel(plane, 0, mode="nearest"), sobel(plane, 1, mode="nearest")) / 8
+            total += np.hypot(_ndimage().sobel(plane, 0, mode="nearest"),
+                              _ndimage().sobel(plane, 1, mode="nearest")) / 8
         return total
 
     def same_locally(self, other: Fingerprint, tolerance: float) -> bool:
@@ -314,7 +323,7 @@ class NearDuplicateCache:
     def fingerprint(self, image: Image.Image) -> Fingerprint:
         return Fingerprint.of(image, self.hash_size)
 
-    def get(self, namespace: tuple, fingerprint: Fingerprint) -> CachedResult | None:
+    def get(self, namespace: tuple[object, ...], fingerprint: Fingerprint) -> CachedResult | None:
         """The result of a near-identical input in ``namespace``, or ``None`` (a miss).
 
         Two storage round trips at most: the namespace's index, then the chosen entry.
@@ -354,7 +363,7 @@ class NearDuplicateCache:
                 return entry_id
         return None
 
-    def put(self, namespace: tuple, fingerprint: Fingerprint, data: bytes,
+    def put(self, namespace: tuple[object, ...], fingerprint: Fingerprint, data: bytes,
             size: tuple[int, int]) -> None:
         """Keep ``data`` (``size`` pixels) for inputs near ``fingerprint``: one round trip."""
         if not self.enabled:
@@ -372,7 +381,7 @@ class NearDuplicateCache:
             counts = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses}
         return {**counts, **self.storage.status()}
 
-    def _digest(self, namespace: tuple) -> str:
+    def _digest(self, namespace: tuple[object, ...]) -> str:
         """The namespace as it appears in keys: a keyed digest, not the client's address."""
         text = json.dumps(list(namespace), separators=(",", ":"), default=str)
         return hashlib.blake2b(text.encode(), key=self._key, digest_size=16).hexdigest()
