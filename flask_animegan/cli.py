@@ -201,6 +201,7 @@ def export_command(name: str, target: Path) -> None:
     service = get_service()
     try:
         style = service.engine.style(name)
+        assert style.path is not None  # an installed style has its file
         model = load_generator(style.path)
     except (ConversionError, WeightsError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -22,7 +22,7 @@ import resource
 import struct
 import sys
 import warnings
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .decoding import DecodeLimits, decode_upload
 from .errors import BadImage, ConversionError, ImageTooLarge
@@ -48,14 +48,14 @@ def _address_space() -> int:
         return int(statm.read().split()[0]) * resource.getpagesize()
 
 
-def _answer(out: BinaryIO, header: dict, payload: bytes = b"") -> None:
+def _answer(out: BinaryIO, header: dict[str, Any], payload: bytes = b"") -> None:
     head = json.dumps(header).encode()
     out.write(FRAME.pack(len(head), len(payload)) + head)
     out.write(payload)
     out.flush()
 
 
-def _decode(request: dict, data: bytes) -> tuple[dict, bytes]:
+def _decode(request: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes]:
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     cap = _address_space() + int(request["memory"])
     if hard != resource.RLIM_INFINITY:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
@@ -98,10 +99,12 @@ class _Helper:
             [sys.executable, "-m", "flask_animegan.decode_worker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
 
-    def request(self, header: dict, data: bytes, timeout: float) -> tuple[dict, bytes]:
+    def request(self, header: dict[str, Any], data: bytes,
+                timeout: float) -> tuple[dict[str, Any], bytes]:
         """Send one decode and wait at most ``timeout`` s for the answer (TimeoutError)."""
         head = json.dumps(header).encode()
         stdin = self.process.stdin
+        assert stdin is not None  # stdin=PIPE
         stdin.write(FRAME.pack(len(head), len(data)) + head)
         stdin.write(data)
         deadline = time.monotonic() + timeout
@@ -110,6 +113,7 @@ class _Helper:
         return answer, self._read(payload_len, deadline)
 
     def _read(self, count: int, deadline: float) -> bytes:
+        assert self.process.stdout is not None  # stdout=PIPE
         fd = self.process.stdout.fileno()
         chunks, remaining = [], count
         while remaining:
@@ -131,8 +135,9 @@ class _Helper:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             self.process.wait(5)
         for stream in (self.process.stdin, self.process.stdout):
-            with contextlib.suppress(OSError):
-                stream.close()
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
 
 
 class HelperPool:
@@ -255,7 +260,7 @@ class Decoder:
             raise _ERRORS.get(answer["error"], BadImage)(answer["message"])
         return Image.frombytes("RGB", (answer["width"], answer["height"]), pixels)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         return {"isolation": self.isolation, "slots": self.gate.slots,
                 "pending": self.gate.pending, "helpers_started": self.pool.started,
                 "helpers_killed": self.pool.killed}

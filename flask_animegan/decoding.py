@@ -27,9 +27,10 @@ import math
 import re
 import struct
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
-from PIL import Image, ImageCms, UnidentifiedImageError
+from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
 from .errors import BadImage, ImageTooLarge, UnsupportedImage
 
@@ -146,12 +147,15 @@ def open_upload(data: bytes, limits: DecodeLimits) -> Image.Image:
 GIF_EMPTY_SCREEN_PIXELS = 1_000_000
 
 
-def _check_gif_frame(image: Image.Image) -> None:
+def _check_gif_frame(image: ImageFile.ImageFile) -> None:
     width, height = image.size
     try:
-        x0, y0, x1, y1 = image.tile[0][1]
-    except (IndexError, TypeError, ValueError):
+        box = image.tile[0][1]
+    except (IndexError, TypeError):
         return  # no frame: the decoder reports it
+    if box is None or len(box) != 4:
+        return
+    x0, y0, x1, y1 = box
     frame = max(0, x1 - x0) * max(0, y1 - y0)
     if width * height > GIF_EMPTY_SCREEN_PIXELS and frame * 4 < width * height:
         raise ImageTooLarge(f"the GIF's screen is {width}x{height} but its first frame only "
@@ -247,7 +251,9 @@ def to_rgb(image: Image.Image) -> Image.Image:
         try:
             source = ImageCms.ImageCmsProfile(io.BytesIO(icc))
             out_mode = "RGBA" if image.mode == "RGBA" else "RGB"
-            image = ImageCms.profileToProfile(image, source, _SRGB, outputMode=out_mode)
+            # not in place, so a new image (typed Image | None for inPlace=True)
+            image = cast(Image.Image, ImageCms.profileToProfile(image, source, _SRGB,
+                                                                outputMode=out_mode))
         except (ImageCms.PyCMSError, OSError, ValueError, TypeError):
             pass  # an unusable profile: keep the pixels as they are
     if image.mode in _ALPHA_MODES or "transparency" in image.info:

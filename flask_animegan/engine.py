@@ -139,8 +139,8 @@ class InferenceEngine:
         path = self.style(None).path
         assert path is not None
         candidates = {"fp32": default,
-                      "bf16": load_generator(path).to(dtype=torch.bfloat16,
-                                                      memory_format=torch.channels_last)}
+                      "bf16": load_generator(path).to(dtype=torch.bfloat16)
+                                                  .to(memory_format=torch.channels_last)}
         self.precision, self.precision_timings = fastest(candidates, side)
         self.pool.replace_pinned(candidates[self.precision], DTYPES[self.precision])
 
@@ -175,7 +175,7 @@ class InferenceEngine:
             batch = F.pad(batch, (0, pad_w, 0, pad_h), mode="replicate")
         batch = batch.to(self.dtype).contiguous(memory_format=torch.channels_last)
         with torch.inference_mode():
-            out = model(batch)
+            out: torch.Tensor = model(batch)
         return out[..., :height, :width].float()
 
     def status(self) -> dict[str, Any]:

@@ -49,7 +49,7 @@ class InvertedResBlock(nn.Module):
         self.layers = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.layers(x)
+        out: torch.Tensor = self.layers(x)
         return x + out if self.use_res_connect else out
 
 
@@ -96,4 +96,5 @@ class Generator(nn.Module):
         out = F.interpolate(out, size=half_size, mode="bilinear", align_corners=True)
         out = self.block_d(out)
         out = F.interpolate(out, size=x.shape[-2:], mode="bilinear", align_corners=True)
-        return self.out_layer(self.block_e(out))
+        result: torch.Tensor = self.out_layer(self.block_e(out))
+        return result

@@ -82,7 +82,8 @@ class ModelPool:
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Channels-last layout (oneDNN's fast path) in the pool's dtype."""
-        return model.to(dtype=self.dtype, memory_format=torch.channels_last)
+        # two calls: torch's stubs lack the (dtype, memory_format) overload
+        return model.to(dtype=self.dtype).to(memory_format=torch.channels_last)
 
     def replace_pinned(self, model: nn.Module, dtype: torch.dtype) -> None:
         """Serve the pinned style with ``model`` (already in ``dtype``) from now on."""

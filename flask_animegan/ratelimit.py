@@ -47,7 +47,9 @@ def own_limiter(app: Flask, settings: Settings) -> Limiter:
     process's memory (flask-limiter's in-memory fallback) and goes back once Redis
     answers again."""
     uri = settings.ratelimit_storage
-    options = dict(REDIS_OPTIONS) if uri.split("://")[0] in ("redis", "rediss", "unix") else {}
+    # passed on to redis-py, which takes float timeouts (flask-limiter types them str | int)
+    uses_redis = uri.split("://")[0] in ("redis", "rediss", "unix")
+    options: dict[str, Any] = dict(REDIS_OPTIONS) if uses_redis else {}
     # Our views add the X-RateLimit-* headers (flask-limiter's would put Retry-After on
     # every response, 200s included); 429s carry Retry-After from our error handler.
     return Limiter(client_address, app=app, headers_enabled=False, storage_uri=uri,

@@ -106,7 +106,7 @@ def load_generator(path: Path) -> nn.Module:
 
 def _load_torchscript(path: Path) -> nn.Module:
     try:
-        module = torch.jit.load(str(path), map_location="cpu")
+        module: torch.jit.ScriptModule = torch.jit.load(str(path), map_location="cpu")
     except Exception as exc:
         raise WeightsError(f"{path}: broken TorchScript file ({exc})") from exc
     module.eval()

@@ -41,18 +41,20 @@ class MemoryStorage(Storage):
     """Values and index lists in a byte-bounded, per-item-TTL LRU cache, safe across threads."""
 
     backend = "memory"
+    max_bytes: int
 
     def __init__(self, max_bytes: int, *, timer: Callable[[], float] = time.monotonic) -> None:
         self.max_bytes = max(int(max_bytes), 0)
-        self._items: TLRUCache = TLRUCache(maxsize=max(self.max_bytes, 1), ttu=_expires,
-                                           timer=timer, getsizeof=lambda item: item.nbytes)
+        self._items: TLRUCache[tuple[str, str], _Item] = TLRUCache(
+            maxsize=max(self.max_bytes, 1), ttu=_expires, timer=timer,
+            getsizeof=lambda item: item.nbytes)
         # gunicorn's threads share one storage; cachetools caches are not thread-safe
         self._lock = threading.Lock()
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
             item = self._items.get(("value", key))  # a read refreshes its LRU position
-        return None if item is None else item.payload
+        return item.payload if item is not None and isinstance(item.payload, bytes) else None
 
     def set(self, key: str, value: bytes, ttl: float) -> bool:
         with self._lock:
@@ -61,7 +63,7 @@ class MemoryStorage(Storage):
     def index(self, name: str, limit: int) -> list[bytes]:
         with self._lock:
             item = self._items.get(("index", name))
-        return [] if item is None else list(item.payload[:limit])
+        return [] if item is None or isinstance(item.payload, bytes) else list(item.payload[:limit])
 
     def set_indexed(self, key: str, value: bytes, *, index: str, member: bytes,
                     ttl: float, cap: int) -> bool:

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import redis
@@ -138,7 +138,9 @@ class RedisStorage(Storage):
         self._server = _server(uri, timeout, retry_after)
 
     def get(self, key: str) -> bytes | None:
-        return self._server.run(lambda client: client.get(self.prefix + key), None)
+        # the client is made without decode_responses, so replies are bytes
+        return self._server.run(
+            lambda client: cast("bytes | None", client.get(self.prefix + key)), None)
 
     def set(self, key: str, value: bytes, ttl: float) -> bool:
         if ttl <= 0:
@@ -150,8 +152,9 @@ class RedisStorage(Storage):
     def index(self, name: str, limit: int) -> list[bytes]:
         if limit <= 0:
             return []
-        return self._server.run(lambda client: client.lrange(self.prefix + name, 0, limit - 1),
-                                [])
+        return self._server.run(
+            lambda client: cast("list[bytes]", client.lrange(self.prefix + name, 0, limit - 1)),
+            [])
 
     def set_indexed(self, key: str, value: bytes, *, index: str, member: bytes,
                     ttl: float, cap: int) -> bool:
