@@ -25,11 +25,14 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .errors import ConversionError
-    from .extension import AnimeGAN
-    from .generator import Generator
-    from .service import AnimeGANService, get_service
-    from .weights import WeightsError, load_generator
+    # "X as X": re-exported for type checkers (mypy --strict cannot read __all__ above)
+    from .errors import ConversionError as ConversionError
+    from .extension import AnimeGAN as AnimeGAN
+    from .generator import Generator as Generator
+    from .service import AnimeGANService as AnimeGANService
+    from .service import get_service as get_service
+    from .weights import WeightsError as WeightsError
+    from .weights import load_generator as load_generator
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 PREFIX = "ANIMEGAN_"
 OUTPUT_FORMATS = ("jpeg", "png", "webp")
@@ -280,6 +280,54 @@ class Settings:
             raise ValueError(
                 f"{key}={value!r} must be a {'non-negative' if allow_zero else 'positive'} "
                 f"number; the default is {DEFAULTS[key]!r}")
+
+
+class AnimeGANOptions(TypedDict, total=False):
+    """The keyword options of ``AnimeGAN(app, **options)``: one per :class:`Settings`
+    field, with its type, so that editors complete them (a test keeps the two in step)."""
+
+    models_dir: str
+    default_style: str | None
+    url_prefix: str
+    max_side: int
+    max_upload_bytes: int
+    max_pixels: int
+    max_decode_bytes: int
+    max_aspect_ratio: float
+    max_jpeg_scans: int
+    decode_isolation: str
+    decode_timeout: float
+    decode_slots: int | None
+    rate_limit: str
+    storage_uri: str
+    ratelimit_storage_uri: str | None
+    trusted_proxies: int
+    cache_scope: str
+    cache_ttl: int
+    cache_max_bytes: int
+    phash_size: int
+    phash_max_distance: int
+    color_tolerance: float
+    local_tolerance: float
+    result_ttl: int
+    result_max_bytes: int
+    torch_threads: int | None
+    precision: str
+    max_queue: int
+    queue_timeout: float
+    output_format: str
+    jpeg_quality: int
+    max_loaded_styles: int
+    warmup_size: int
+    weights_base_url: str | None
+    extra_styles: dict[str, dict[str, Any]]
+    health_details: str
+    content_security_policy: str
+    csrf: bool
+    sample_size: int
+    metrics: bool
+    base_template: str
+    content_block: str
 
 
 @dataclass(frozen=True)

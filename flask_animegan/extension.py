@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import Flask, current_app
 
@@ -12,7 +12,7 @@ from . import cli as _cli  # noqa: F401  registers `flask animegan ...` on the b
 from . import ratelimit
 from .cache import NearDuplicateCache, ResultStore
 from .catalog import known_styles
-from .config import DEFAULTS, Settings
+from .config import DEFAULTS, AnimeGANOptions, Settings
 from .decoders import Decoder
 from .engine import InferenceEngine
 from .metrics import Metrics
@@ -20,6 +20,9 @@ from .process import configure_process
 from .service import AnimeGANService, get_service
 from .storage import open_storage
 from .views import blueprint, routing_error_response
+
+if TYPE_CHECKING:  # typing.Unpack is new in Python 3.11
+    from typing_extensions import Unpack
 
 EXTENSION_KEY = "animegan"
 #: The package logs here (the startup line, one line per conversion); gunicorn.conf.py
@@ -41,7 +44,7 @@ class AnimeGAN:
     or, failing that, on the first conversion.
     """
 
-    def __init__(self, app: Flask | None = None, **options: Any) -> None:
+    def __init__(self, app: Flask | None = None, **options: Unpack[AnimeGANOptions]) -> None:
         unknown = {f"ANIMEGAN_{k.upper()}" for k in options} - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown AnimeGAN options: {', '.join(sorted(unknown))}; see "
