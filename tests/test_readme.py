@@ -1,4 +1,4 @@
-"""The README stays true to the code: config table, setting names, documented routes."""
+"""The README and docs/ stay true to the code: config table, setting names, documented routes."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from flask_animegan.config import SETTINGS
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")
+DOCS = {path.name: path.read_text(encoding="utf-8") for path in sorted((REPO / "docs").glob("*.md"))}
+#: Everything a reader is told: the README and every page under docs/.
+ALL_TEXT = "\n".join([README, *DOCS.values()])
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 NAME = re.compile(r"\bANIMEGAN_[A-Z0-9_]*[A-Z0-9]\b")
 ROUTE_HEADING = re.compile(r"^### `(GET|POST) (/[^`\s]*)`$", re.MULTILINE)
@@ -23,7 +26,7 @@ PLACEHOLDER = re.compile(r"<[^>]+>")
 
 
 def api_section() -> str:
-    return README.split("\n## HTTP API\n", 1)[1].split("\n## ", 1)[0]
+    return DOCS["http-api.md"]
 
 
 def test_config_table_matches_generator() -> None:
@@ -31,10 +34,11 @@ def test_config_table_matches_generator() -> None:
         [sys.executable, str(REPO / "tools" / "gen_config_table.py")],
         check=True, capture_output=True, text=True, cwd=REPO,
     ).stdout.strip()
-    assert README.count(START) == 1 and README.count(END) == 1
-    in_readme = README.split(START, 1)[1].split(END, 1)[0].strip()
-    assert in_readme == generated, (
-        "README.md's config table is out of date; run "
+    page = DOCS["configuration.md"]
+    assert page.count(START) == 1 and page.count(END) == 1
+    in_page = page.split(START, 1)[1].split(END, 1)[0].strip()
+    assert in_page == generated, (
+        "docs/configuration.md's table is out of date; run "
         "`.venv/bin/python tools/gen_config_table.py --write`")
 
 
@@ -43,8 +47,8 @@ def test_every_setting_name_in_readme_exists(make_app: Callable[..., Flask]) -> 
     # init_app also sets ANIMEGAN_MODEL (the loaded network) in app.config.
     app_names = {key for key in make_app().config if key.startswith("ANIMEGAN_")}
     known = {s.name for s in SETTINGS} | gunicorn_names | app_names
-    unknown = sorted(set(NAME.findall(README)) - known)
-    assert not unknown, f"README.md mentions settings that do not exist: {unknown}"
+    unknown = sorted(set(NAME.findall(ALL_TEXT)) - known)
+    assert not unknown, f"README.md or docs/ mention settings that do not exist: {unknown}"
 
 
 def _normalise(rule: str) -> str:
@@ -58,7 +62,7 @@ def test_documented_routes_exist(make_app: Callable[..., Flask]) -> None:
     documented = ROUTE_HEADING.findall(api_section())
     assert documented, "no '### `METHOD /path`' headings found in the HTTP API section"
     missing = [f"{m} {p}" for m, p in documented if (_normalise(p), m) not in rules]
-    assert not missing, f"README.md documents routes the app does not have: {missing}"
+    assert not missing, f"docs/http-api.md documents routes the app does not have: {missing}"
 
     adapter = app.url_map.bind("127.0.0.1:8000")
     for path in CURL_URL.findall(api_section()):
@@ -75,9 +79,10 @@ def test_every_blueprint_route_is_documented(make_app: Callable[..., Flask]) -> 
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
         if (method, _normalise(rule.rule)) not in documented
     ]
-    assert not undocumented, f"routes missing from README.md's HTTP API section: {undocumented}"
+    assert not undocumented, f"routes missing from docs/http-api.md: {undocumented}"
 
 
 def test_official_style_pins_in_readme() -> None:
     for style in OFFICIAL_STYLES.values():
-        assert f"| `{style.name}` |" in README and style.sha1 in README, style.name
+        assert f"| `{style.name}` |" in DOCS["styles.md"] and style.sha1 in DOCS["styles.md"], \
+            style.name

@@ -1,9 +1,10 @@
-"""Print the README's configuration table, generated from flask_animegan.config.SETTINGS.
+"""Print the configuration table of docs/configuration.md, generated from
+flask_animegan.config.SETTINGS.
 
     python tools/gen_config_table.py            # print the markdown table
-    python tools/gen_config_table.py --write    # replace it in README.md, between the markers
+    python tools/gen_config_table.py --write    # replace it in docs/configuration.md
 
-tests/test_readme.py fails when README.md and SETTINGS disagree.
+tests/test_readme.py fails when docs/configuration.md and SETTINGS disagree.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from flask_animegan.config import SETTINGS
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 
 
