@@ -13,9 +13,10 @@ import torch
 from PIL import Image
 
 from flask_animegan.generator import Generator
+from flask_animegan.styles import SHIPPED_STYLES_DIR
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED_STYLE = REPO / "models" / "toon_demo.pt"
+SHIPPED_STYLE = SHIPPED_STYLES_DIR / "toon_demo.pt"
 PHOTO_SIZE = (1080, 1350)  # a 4:5 portrait, the articles' selfie
 PHOTO_QUALITY = 90
 
@@ -39,12 +40,12 @@ def prepare_weights(folder: Path) -> Weights:
     if SHIPPED_STYLE.is_file():
         path = folder / SHIPPED_STYLE.name
         shutil.copyfile(SHIPPED_STYLE, path)
-        return Weights(folder, "toon_demo", path, "models/toon_demo.pt (the shipped style)")
+        return Weights(folder, "toon_demo", path, "the shipped toon_demo style")
     torch.manual_seed(0)
     path = folder / "bench_style.pt"
     torch.save(Generator().state_dict(), path)
     return Weights(folder, "bench_style", path,
-                   "random Generator() weights, torch.manual_seed(0) (models/toon_demo.pt absent)")
+                   "random Generator() weights, torch.manual_seed(0) (toon_demo.pt absent)")
 
 
 def photo() -> Image.Image:

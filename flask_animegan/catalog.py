@@ -59,10 +59,12 @@ OFFICIAL_STYLES: dict[str, StyleInfo] = {
 }
 
 
-#: Styles that ship with the repository (not pullable): what the page says about them.
-#: The file could be anything a user put there under that name, so no hash is implied.
+#: Styles that ship in the package (not pullable; ``flask_animegan/shipped_styles/``): what
+#: the page says about them. A models folder may hold a file of the same name that could be
+#: anything, so no hash is implied.
 SHIPPED_STYLES: dict[str, StyleInfo] = {
-    "toon_demo": StyleInfo("toon_demo", "MIT (this project; see models/README.md)",
+    "toon_demo": StyleInfo("toon_demo",
+                           "MIT (this project; model card: flask_animegan/shipped_styles/README.md)",
                            "A soft cartoon look distilled from a classic filter into this "
                            "network; not an official AnimeGANv2 style (pull paprika for that)."),
 }

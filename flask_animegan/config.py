@@ -50,10 +50,16 @@ class Settings:
         'models', str,
         'Folder holding style weights (`NAME.pt`); relative paths are resolved against '
         "the app's root path.")
+    shipped_styles: bool = _setting(
+        True, bool,
+        'Also serve the styles shipped inside the package (`toon_demo`, a small demo '
+        'style) besides those of ANIMEGAN_MODELS_DIR, where a file of the same name wins; '
+        'false serves only the models folder.')
     default_style: str | None = _setting(
         None, str,
         'Style used when a request names none; unset picks the first installed of '
-        '`paprika`, `face_paint_512_v2`, `toon_demo`, else the first alphabetically.')
+        "`paprika`, `face_paint_512_v2`, else the models folder's first alphabetically, "
+        'else the shipped `toon_demo`.')
     url_prefix: str = _setting(
         '/animegan', str,
         'URL prefix of the blueprint.')
@@ -287,6 +293,7 @@ class AnimeGANOptions(TypedDict, total=False):
     field, with its type, so that editors complete them (a test keeps the two in step)."""
 
     models_dir: str
+    shipped_styles: bool
     default_style: str | None
     url_prefix: str
     max_side: int

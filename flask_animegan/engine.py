@@ -24,7 +24,7 @@ from .errors import StyleUnavailable, UnknownStyle
 from .gate import InferenceGate
 from .models import ModelPool
 from .precision import DTYPES, fastest, native_bf16
-from .styles import StyleRegistry
+from .styles import SHIPPED_STYLES_DIR, StyleRegistry
 from .weights import load_generator
 
 log = logging.getLogger("flask_animegan")
@@ -42,7 +42,7 @@ class EngineEvents(Protocol):
 
 
 class InferenceEngine:
-    """Runs the styles of ``models_dir``, one inference at a time.
+    """Runs the styles of ``models_dir`` (and the shipped ones), one inference at a time.
 
     The settings come from :class:`flask_animegan.config.Settings` (the caller passes
     them); nothing heavy happens until :meth:`prepare` or the first conversion.
@@ -51,8 +51,10 @@ class InferenceEngine:
     def __init__(self, models_dir: Path, *, catalog: dict[str, StyleInfo],
                  default_style: str | None, max_loaded: int, max_queue: int,
                  queue_timeout: float, precision: str,
-                 events: EngineEvents | None = None) -> None:
-        self.registry = StyleRegistry(models_dir, catalog, default_style)
+                 events: EngineEvents | None = None,
+                 shipped_dir: Path | None = SHIPPED_STYLES_DIR) -> None:
+        self.registry = StyleRegistry(models_dir, catalog, default_style,
+                                      shipped_dir=shipped_dir)
         self.requested_precision = precision
         # "auto" runs in fp32 until prepare() has timed both on this CPU
         self.precision = "fp32" if precision == "auto" else precision
@@ -71,7 +73,8 @@ class InferenceEngine:
         return cls(models_dir, catalog=catalog or {}, default_style=settings.default_style or None,
                    max_loaded=settings.max_loaded_styles, max_queue=settings.max_queue,
                    queue_timeout=settings.queue_timeout, precision=settings.precision,
-                   events=events)
+                   events=events,
+                   shipped_dir=SHIPPED_STYLES_DIR if settings.shipped_styles else None)
 
     # -- styles (the registry's) ---------------------------------------------------
     @property

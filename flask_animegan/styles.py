@@ -1,4 +1,4 @@
-"""The styles installed in a models folder, and which one is the default."""
+"""The styles installed in a models folder or shipped in the package, and which is the default."""
 
 from __future__ import annotations
 
@@ -12,13 +12,19 @@ from .weights import find_style_files, skipped_style_files
 
 log = logging.getLogger("flask_animegan")
 
-#: Without ANIMEGAN_DEFAULT_STYLE the first installed of these is the default (else the
-#: first installed style alphabetically): an official style beats the shipped demo.
-PREFERRED_DEFAULTS = ("paprika", "face_paint_512_v2", "toon_demo")
+#: Without ANIMEGAN_DEFAULT_STYLE the first installed of these is the default, else the
+#: models folder's first style alphabetically, else a shipped one (``toon_demo``): any
+#: style someone installed beats the demo that came with the package.
+PREFERRED_DEFAULTS = ("paprika", "face_paint_512_v2")
+
+#: Styles that ship inside the package (package data, with their model card and licence),
+#: served whatever the models folder; a file of the same name in the models folder wins.
+SHIPPED_STYLES_DIR = Path(__file__).resolve().parent / "shipped_styles"
 
 
 class StyleRegistry:
-    """The ``NAME.pt`` files of ``models_dir``, described from the catalogue.
+    """The ``NAME.pt`` files of ``models_dir`` and of ``shipped_dir``, described from the
+    catalogue.
 
     The default style is fixed when the registry is made: files that appear later
     (``flask animegan pull``) are found by name, but never change which style a
@@ -26,8 +32,11 @@ class StyleRegistry:
     """
 
     def __init__(self, models_dir: Path, catalog: Mapping[str, StyleInfo],
-                 default: str | None = None) -> None:
+                 default: str | None = None, *,
+                 shipped_dir: Path | None = SHIPPED_STYLES_DIR) -> None:
         self.models_dir = models_dir
+        self.shipped_dir = shipped_dir
+        self.shipped: set[str] = set()  # served from shipped_dir (none of models_dir's names)
         self.catalog = dict(catalog)
         self._installed: dict[str, StyleInfo] = {}
         self.skipped: dict[str, str] = {}  # file name -> why it is not a style
@@ -36,8 +45,12 @@ class StyleRegistry:
 
     def rescan(self) -> None:
         """Pick up weights files added to (or removed from) the models folder."""
-        self._installed = {name: describe(name, path, self.catalog)
-                           for name, path in find_style_files(self.models_dir).items()}
+        own = find_style_files(self.models_dir)
+        shipped = find_style_files(self.shipped_dir) if self.shipped_dir else {}
+        self.shipped = set(shipped) - set(own)
+        files = {**shipped, **own}
+        self._installed = {name: describe(name, files[name], self.catalog)
+                           for name in sorted(files)}
         skipped = skipped_style_files(self.models_dir)
         for name, why in skipped.items():
             if name not in self.skipped:
@@ -49,10 +62,11 @@ class StyleRegistry:
         return dict(self._installed)
 
     def _preferred_default(self) -> str | None:
+        own = sorted(set(self._installed) - self.shipped)
         for name in PREFERRED_DEFAULTS:
-            if name in self._installed:
+            if name in own:
                 return name
-        return next(iter(sorted(self._installed)), None)
+        return next(iter(own or sorted(self.shipped)), None)
 
     def get(self, name: str | None) -> StyleInfo:
         """The installed style ``name`` (None: the default), else UnknownStyle/StyleUnavailable."""

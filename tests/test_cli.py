@@ -17,7 +17,7 @@ from click.testing import Result
 from flask import Flask
 
 from flask_animegan import load_generator
-from flask_animegan.catalog import NONCOMMERCIAL, OFFICIAL_STYLES
+from flask_animegan.catalog import NONCOMMERCIAL, OFFICIAL_STYLES, SHIPPED_STYLES
 from conftest import open_image, photo, photo_bytes
 
 SIZE = 64
@@ -51,10 +51,12 @@ def test_styles_lists_installed_and_pullable_styles(app: Flask) -> None:
     result = invoke(app, "styles")
     assert result.exit_code == 0, result.output
     blocks = parse_styles(result.output)
-    assert set(blocks) == {"test_style", "other_style", *OFFICIAL_STYLES}
-    # no ANIMEGAN_DEFAULT_STYLE and no paprika: the first installed name is the default
+    assert set(blocks) == {"test_style", "other_style", "toon_demo", *OFFICIAL_STYLES}
+    # no ANIMEGAN_DEFAULT_STYLE and no paprika: the models folder's first name is the
+    # default, before the shipped toon_demo
     assert blocks["other_style"][0] == "installed, default"
     assert blocks["test_style"][0] == "installed"
+    assert blocks["toon_demo"] == ["installed", f"licence: {SHIPPED_STYLES['toon_demo'].licence}"]
     for name in ("test_style", "other_style"):
         assert blocks[name][1] == "licence: unknown (a file you installed)"
     for name, known in OFFICIAL_STYLES.items():

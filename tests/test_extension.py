@@ -194,7 +194,7 @@ def test_loaded_styles_are_bounded_and_the_default_stays(make_app, tmp_path):
 def test_startup_logs_the_load_and_warns_without_weights(make_app, tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         make_app()
-        make_app(ANIMEGAN_MODELS_DIR=str(tmp_path))
+        make_app(ANIMEGAN_MODELS_DIR=str(tmp_path), ANIMEGAN_SHIPPED_STYLES=False)
     messages = [r.getMessage() for r in caplog.records]
     assert any("loaded (" in m and "warmed up" in m for m in messages)
     assert any("flask animegan pull paprika" in m for m in messages)

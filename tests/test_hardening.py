@@ -186,7 +186,7 @@ def test_style_names_must_match_in_full(make_app, tmp_path, caplog):
     save_random_generator(tmp_path / "nl\n.pt", seed=1)
     save_random_generator(tmp_path / "Upper.pt", seed=1)
     with caplog.at_level(logging.WARNING, logger="flask_animegan"):
-        app = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path))
+        app = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path), ANIMEGAN_SHIPPED_STYLES=False)
     assert "'nl\\n.pt'" in caplog.text or "nl\n.pt" in caplog.text
     client = app.test_client()
     assert [s["name"] for s in client.get("/animegan/styles").json["styles"]

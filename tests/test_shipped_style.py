@@ -1,9 +1,11 @@
-"""The shipped ``toon_demo`` style: loads, is the offline default, converts end to end,
-and bf16 inference stays within 40 dB PSNR of fp32 on real photos with trained weights."""
+"""The shipped ``toon_demo`` style: package data served besides the models folder, loads, is
+the offline default, converts end to end, and bf16 inference stays within 40 dB PSNR of fp32
+on real photos with trained weights."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import re
 
 import numpy as np
@@ -12,14 +14,15 @@ import requests
 import torch
 from PIL import Image
 
-from conftest import REPO, open_image, photo, photo_bytes
+from conftest import REPO, open_image, photo, photo_bytes, save_random_generator
 from flask_animegan import imaging, load_generator
 from flask_animegan.config import Settings
 from flask_animegan.engine import InferenceEngine
 from flask_animegan.precision import native_bf16
+from flask_animegan.styles import SHIPPED_STYLES_DIR
 from servers import Server
 
-SHIPPED = REPO / "models" / "toon_demo.pt"
+SHIPPED = SHIPPED_STYLES_DIR / "toon_demo.pt"
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -46,7 +49,7 @@ def test_the_shipped_file_is_a_half_precision_state_dict_that_loads_strictly():
 def test_the_shipped_style_still_matches_its_teacher_on_held_out_photos():
     """A regression check of the committed weights against the model card's figures."""
     figures = load_training_script().held_out_figures(load_generator(SHIPPED))
-    card = (REPO / "models" / "README.md").read_text()
+    card = (SHIPPED_STYLES_DIR / "README.md").read_text()
     recorded = float(re.search(r"mean PSNR \*\*([0-9.]+) dB\*\*", card).group(1))
     assert abs(figures["mean_psnr_db"] - recorded) < 0.5, (figures, recorded)
 
@@ -109,3 +112,44 @@ def test_auto_precision_times_both_and_keeps_the_faster():
         assert chosen == "fp32" and engine.precision_timings == {}
     assert next(engine.model().parameters()).dtype == engine.dtype
     assert engine.status()["precision"] == chosen
+
+
+# -- served from the package, besides the models folder ----------------------------------
+def styles_by_name(client) -> dict:
+    return {s["name"]: s for s in client.get("/animegan/styles").json["styles"]}
+
+
+def convert(client, query: str = ""):
+    return client.post(f"/animegan/convert?size=64{query}",
+                       data={"image": (io.BytesIO(photo_bytes("astronaut")), "me.jpg")})
+
+
+def test_the_shipped_style_is_served_besides_the_models_folder_and_after_it(make_app):
+    app = make_app()
+    client = app.test_client()
+    styles = styles_by_name(client)
+    assert styles["toon_demo"]["installed"] and not styles["toon_demo"]["default"]
+    assert styles["other_style"]["default"]  # a style someone installed beats the demo
+    assert app.extensions["animegan"].engine.styles["toon_demo"].path == SHIPPED
+    response = convert(client, "&style=toon_demo")
+    assert response.status_code == 200 and response.headers["X-AnimeGAN-Style"] == "toon_demo"
+
+
+def test_with_an_empty_models_folder_the_shipped_style_is_the_default(make_app, tmp_path):
+    client = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path / "none-yet")).test_client()
+    assert [name for name, s in styles_by_name(client).items() if s["installed"]] == ["toon_demo"]
+    response = convert(client)
+    assert response.status_code == 200 and response.headers["X-AnimeGAN-Style"] == "toon_demo"
+
+
+def test_a_file_of_the_same_name_in_the_models_folder_replaces_the_shipped_style(make_app,
+                                                                                 tmp_path):
+    own = save_random_generator(tmp_path / "toon_demo.pt", seed=3)
+    app = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path))
+    assert app.extensions["animegan"].engine.styles["toon_demo"].path == own
+
+
+def test_the_shipped_styles_can_be_turned_off(make_app, tmp_path):
+    app = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path), ANIMEGAN_SHIPPED_STYLES=False)
+    assert app.extensions["animegan"].engine.styles == {}
+    assert convert(app.test_client()).status_code == 503

@@ -14,9 +14,11 @@ data plus three colour photos from scikit-learn and matplotlib, with random scal
 flips, crops and colour jitter. ``astronaut`` and ``coffee`` are held out for the
 quality check. Loss: L1 plus L1 on image gradients (edges). Fixed seeds; resumable.
 
-    python tools/train_demo_style.py                      # train, evaluate, write models/
+    python tools/train_demo_style.py                      # train, evaluate, write the style
     python tools/train_demo_style.py --resume             # continue from the checkpoint
-    python tools/train_demo_style.py --evaluate-only      # figures for models/toon_demo.pt
+    python tools/train_demo_style.py --evaluate-only      # figures for the shipped toon_demo.pt
+
+The style and its samples go to flask_animegan/shipped_styles/ (package data).
 
 Needs the `train` extra: pip install -e '.[train]'.
 """
@@ -41,6 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from flask_animegan import imaging  # noqa: E402
 from flask_animegan.generator import Generator  # noqa: E402
+from flask_animegan.styles import SHIPPED_STYLES_DIR  # noqa: E402
 from flask_animegan.weights import load_generator  # noqa: E402
 
 #: scikit-image's sample photographs (``skimage.data``); ten of them are grayscale.
@@ -248,8 +251,8 @@ def held_out_figures(model: torch.nn.Module, samples: Path | None = None) -> dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(REPO / "models" / "toon_demo.pt"))
-    parser.add_argument("--samples", default=str(REPO / "models" / "toon_demo_samples.jpg"))
+    parser.add_argument("--out", default=str(SHIPPED_STYLES_DIR / "toon_demo.pt"))
+    parser.add_argument("--samples", default=str(SHIPPED_STYLES_DIR / "toon_demo_samples.jpg"))
     parser.add_argument("--checkpoint", default=str(REPO / "build" / "toon_demo.ckpt"))
     parser.add_argument("--seed", type=int, default=20261130)
     parser.add_argument("--steps", type=int, default=2400)
