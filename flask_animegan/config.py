@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 PREFIX = "ANIMEGAN_"
 OUTPUT_FORMATS = ("jpeg", "png", "webp")
 PRECISIONS = ("auto", "fp32", "bf16")
+BACKENDS = ("auto", "torch", "openvino")
 CACHE_SCOPES = ("client", "global")
 ISOLATIONS = ("process", "thread")
 HEALTH_DETAILS = ("local", "all", "none")
@@ -162,6 +163,18 @@ class Settings:
         'Inference precision: `auto` (at startup, time the default style in fp32 and '
         'bf16 on this CPU and keep the faster; fp32 without native bf16), `fp32` or '
         '`bf16`.')
+    backend: str = _setting(
+        'auto', str,
+        'What runs the network: `auto` (at startup, time torch and, with the `openvino` '
+        'extra installed, OpenVINO in each precision ANIMEGAN_PRECISION allows on the '
+        'default style, and keep the fastest whose pictures stay within 40 dB PSNR of '
+        'torch fp32), `torch` or `openvino` (torch, with a warning, if the extra is '
+        'missing). Each style is checked when it loads; one that fails runs on torch fp32.')
+    model_cache_dir: str | None = _setting(
+        None, str,
+        "Folder for OpenVINO's converted styles and compiled models, so that a restart "
+        'converts and compiles nothing; unset: `$XDG_CACHE_HOME/flask-animegan` (else '
+        '`~/.cache/flask-animegan`); empty: no cache. Relative to the working directory.')
     max_queue: int = _setting(
         2, int,
         'Conversions allowed to wait while one runs; more get 503 with Retry-After. '
@@ -260,6 +273,7 @@ class Settings:
             raise ValueError("ANIMEGAN_MAX_ASPECT_RATIO must be at least 1 (a square); the "
                              f"default is {DEFAULTS['ANIMEGAN_MAX_ASPECT_RATIO']}")
         for name, choices in (("output_format", OUTPUT_FORMATS), ("precision", PRECISIONS),
+                              ("backend", BACKENDS),
                               ("cache_scope", CACHE_SCOPES), ("decode_isolation", ISOLATIONS),
                               ("health_details", HEALTH_DETAILS)):
             if getattr(self, name) not in choices:
@@ -320,6 +334,8 @@ class AnimeGANOptions(TypedDict, total=False):
     result_max_bytes: int
     torch_threads: int | None
     precision: str
+    backend: str
+    model_cache_dir: str | None
     max_queue: int
     queue_timeout: float
     output_format: str

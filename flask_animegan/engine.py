@@ -1,7 +1,8 @@
-"""The inference engine: installed styles, loaded models, precision and the queue, together.
+"""The inference engine: installed styles, loaded models, backend, precision and the queue.
 
-Each part has its module (``styles``, ``models``, ``precision``, ``gate``); the engine
-runs a fitted image through a style and reports its state.
+Each part has its module (``styles``, ``models``, ``backends``, ``precision``, ``gate``);
+the engine picks the backend and precision, runs a fitted image through a style and
+reports its state.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from . import imaging
+from .backends import REFERENCE, Backend, Choice, Runner, default_cache_dir, open_backends
+from .backends import to_pixels, weights_digest
+from .backends.fidelity import MIN_PSNR_DB, fidelity_db
+from .backends.torch import TorchRunner
 from .catalog import StyleInfo
 from .config import Settings
 from .errors import StyleUnavailable, UnknownStyle
 from .gate import InferenceGate
-from .models import ModelPool
-from .precision import DTYPES, fastest, native_bf16
+from .models import LoadedStyle, ModelPool
+from .precision import DTYPES, fastest
 from .styles import SHIPPED_STYLES_DIR, StyleRegistry
 from .weights import load_generator
 
@@ -46,21 +50,32 @@ class InferenceEngine:
 
     The settings come from :class:`flask_animegan.config.Settings` (the caller passes
     them); nothing heavy happens until :meth:`prepare` or the first conversion.
+    ``backend`` and ``precision`` set to ``auto`` run on torch fp32 until
+    :meth:`prepare` has timed the candidates on this CPU.
     """
 
     def __init__(self, models_dir: Path, *, catalog: dict[str, StyleInfo],
                  default_style: str | None, max_loaded: int, max_queue: int,
-                 queue_timeout: float, precision: str,
+                 queue_timeout: float, precision: str, backend: str = "auto",
+                 model_cache_dir: Path | None = None, threads: int | None = None,
                  events: EngineEvents | None = None,
                  shipped_dir: Path | None = SHIPPED_STYLES_DIR) -> None:
         self.registry = StyleRegistry(models_dir, catalog, default_style,
                                       shipped_dir=shipped_dir)
+        self.requested_backend = backend
         self.requested_precision = precision
-        # "auto" runs in fp32 until prepare() has timed both on this CPU
-        self.precision = "fp32" if precision == "auto" else precision
-        self.precision_timings: dict[str, float] = {}
+        self.backends, self.missing_backends = open_backends(
+            backend, cache_dir=model_cache_dir, threads=threads or torch.get_num_threads())
+        if backend != "auto" and backend not in self.backends:
+            log.warning("flask_animegan: ANIMEGAN_BACKEND=%s, but %s; using torch", backend,
+                        self.missing_backends.get(backend, "it is unavailable"))
+        usable = backend if backend in self.backends else "torch"
+        self.choice = Choice("torch" if backend == "auto" else usable,
+                             "fp32" if precision == "auto" else precision)
+        self.timings: dict[str, float] = {}  # candidate -> seconds, when auto timed them
+        self.rejected: dict[str, str] = {}  # candidate -> why the fidelity guard refused it
         self.pool = ModelPool(max_loaded=max_loaded, pinned=self.registry.default,
-                              dtype=DTYPES[self.precision], events=events)
+                              loader=self._load_style, events=events)
         self.gate = InferenceGate(max_queue=max_queue, queue_timeout=queue_timeout, events=events)
         self._prepare_lock = threading.Lock()
         self.prepared = False
@@ -69,10 +84,11 @@ class InferenceEngine:
     def from_settings(cls, models_dir: Path, settings: Settings, *,
                       catalog: dict[str, StyleInfo] | None = None,
                       events: EngineEvents | None = None) -> InferenceEngine:
-        """An engine configured by ``settings`` (ANIMEGAN_DEFAULT_STYLE, _PRECISION, ...)."""
+        """An engine configured by ``settings`` (ANIMEGAN_DEFAULT_STYLE, _BACKEND, ...)."""
         return cls(models_dir, catalog=catalog or {}, default_style=settings.default_style or None,
                    max_loaded=settings.max_loaded_styles, max_queue=settings.max_queue,
                    queue_timeout=settings.queue_timeout, precision=settings.precision,
+                   backend=settings.backend, model_cache_dir=model_cache_dir(settings),
                    events=events,
                    shipped_dir=SHIPPED_STYLES_DIR if settings.shipped_styles else None)
 
@@ -105,83 +121,180 @@ class InferenceEngine:
         return self.registry.get(name)
 
     def model(self, name: str | None = None) -> nn.Module:
-        """The loaded network for a style, loading it on first use."""
-        return self.pool.get(self.style(name))
+        """The torch network of a style, loading the style on first use."""
+        return self.pool.get(self.style(name)).network
+
+    def runner(self, name: str | None = None) -> Runner:
+        """What runs a style (its backend and precision), loading the style on first use."""
+        return self.pool.get(self.style(name)).runner
 
     def broken_details(self) -> dict[str, str]:
         return self.pool.broken_details()
 
+    # -- loading a style -------------------------------------------------------------
+    def _load_style(self, style: StyleInfo) -> LoadedStyle:
+        """Load ``style``'s weights and make its runner with the engine's choice; a runner
+        that fails the fidelity guard (or to build) leaves the style on torch fp32."""
+        assert style.path is not None, "only installed styles are loaded"
+        return self._loaded(style.path, load_generator(style.path), self.choice)
+
+    def _loaded(self, path: Path, network: nn.Module, choice: Choice) -> LoadedStyle:
+        if (choice.backend, choice.precision) == REFERENCE or choice.backend not in self.backends:
+            return LoadedStyle(network, TorchRunner(network, "fp32"))
+        if choice.backend == "torch":
+            # the guard's reference needs fp32 weights; the runner converts them in place
+            reference = TorchRunner(load_generator(path), "fp32")
+        else:
+            reference = TorchRunner(network, "fp32")
+        try:
+            candidate = self.backends[choice.backend].runner(network, choice.precision, path)
+            value = fidelity_db(weights_digest(path), reference, candidate)
+        except Exception as exc:  # noqa: BLE001 - a backend failing is never fatal
+            log.exception("flask_animegan: %s cannot run %s; using torch fp32", choice, path.name)
+            note = f"{choice} failed ({exc.__class__.__name__}: {str(exc)[:200]}); torch fp32 used"
+            return LoadedStyle(reference.network, reference, note=note)
+        if value < MIN_PSNR_DB:
+            note = (f"{choice} reached only {value:.1f} dB PSNR against torch fp32 on the guard "
+                    f"photos (needs {MIN_PSNR_DB:g}); torch fp32 used")
+            log.warning("flask_animegan: style %s: %s", path.stem, note)
+            return LoadedStyle(reference.network, reference, fidelity_db=value, note=note)
+        return LoadedStyle(getattr(candidate, "network", network), candidate,
+                           fidelity_db=round(value, 1))
+
     # -- getting ready ---------------------------------------------------------------
     def prepare(self, warmup_size: int) -> tuple[nn.Module | None, str | None]:
-        """Load the default style, settle ``auto`` precision and run one warm-up inference.
+        """Load the default style, settle ``auto`` backend and precision, and run one
+        warm-up inference.
 
         Done once (later calls return at once): in the serving process before it takes
-        requests, or by the first conversion. Returns (model, None) or (None, why not).
+        requests, or by the first conversion. Returns (the default's torch network,
+        None) or (None, why not).
         """
         with self._prepare_lock:
             if self.prepared:
-                return self.pool.pinned_model, None
+                pinned = self.pool.pinned_model
+                return (pinned.network if pinned else None), None
             started = time.perf_counter()
             try:
                 self.model(None)
             except (StyleUnavailable, UnknownStyle) as exc:
                 return None, str(exc)
-            self._choose_precision(min(warmup_size or 128, 256))
+            self._choose(min(warmup_size or 128, 256))
+            loaded = self.pool.pinned_model
+            assert loaded is not None
             if warmup_size > 0:
-                self.forward(self.model(None), torch.zeros(1, 3, warmup_size, warmup_size))
+                self.forward(loaded.runner, np.zeros((warmup_size, warmup_size, 3), np.uint8))
             self.prepared = True
-            log.info("flask_animegan: style %r loaded (%s) and warmed up in %.2f s",
-                     self.default_style, self.precision, time.perf_counter() - started)
-            return self.pool.pinned_model, None
+            log.info("flask_animegan: style %r loaded (%s%s) and warmed up in %.2f s",
+                     self.default_style, self.serving(loaded), self._describe_choice(),
+                     time.perf_counter() - started)
+            return loaded.network, None
 
-    def _choose_precision(self, side: int) -> None:
-        """Settle ``auto``: time the default style in fp32 and bf16 here, keep the faster."""
-        default = self.pool.pinned_model
-        if self.requested_precision != "auto" or default is None or not native_bf16():
+    def candidates(self) -> list[Choice]:
+        """Every backend and precision ``auto`` may choose from here."""
+        backends = (list(self.backends) if self.requested_backend == "auto"
+                    else [self.choice.backend])
+        found = []
+        for name in backends:
+            backend: Backend = self.backends[name]
+            precisions = (backend.precisions() if self.requested_precision == "auto"
+                          else (self.requested_precision,))
+            found += [Choice(name, precision) for precision in precisions]
+        return found
+
+    def _choose(self, side: int) -> None:
+        """Settle ``auto``: time the candidates on the default style here, keep the fastest
+        that passes the fidelity guard (torch fp32 needs none)."""
+        candidates = self.candidates()
+        default = self.style(None)
+        assert default.path is not None
+        if candidates == [self.choice]:
             return
-        path = self.style(None).path
-        assert path is not None
-        candidates = {"fp32": default,
-                      "bf16": load_generator(path).to(dtype=torch.bfloat16)
-                                                  .to(memory_format=torch.channels_last)}
-        self.precision, self.precision_timings = fastest(candidates, side)
-        self.pool.replace_pinned(candidates[self.precision], DTYPES[self.precision])
+        pinned = self.pool.pinned_model
+        assert pinned is not None
+        loaded = {}
+        for choice in candidates:
+            if choice == self.choice:
+                loaded[choice] = pinned
+                continue
+            # others read the pinned fp32 network (OpenVINO converts a copy); torch
+            # converts its network in place, so it gets its own
+            reuse = self.choice == Choice(*REFERENCE) and choice.backend != "torch"
+            network = pinned.network if reuse else load_generator(default.path)
+            loaded[choice] = self._loaded(default.path, network, choice)
+        usable = {choice: style for choice, style in loaded.items() if style.note is None}
+        self.rejected = {str(choice): style.note for choice, style in loaded.items()
+                         if style.note is not None}
+        order, timings = fastest({str(c): s.runner for c, s in usable.items()}, side)
+        self.timings = timings
+        best = next(c for c in usable if str(c) == order[0])
+        self.choice = best
+        self.pool.replace_pinned(usable[best])
+
+    def _describe_choice(self) -> str:
+        if not self.timings:
+            return ""
+        timed = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in self.timings.items())
+        refused = "".join(f"; refused {name}: {why}" for name, why in self.rejected.items())
+        return f"; auto timed {timed}{refused}"
+
+    @staticmethod
+    def serving(loaded: LoadedStyle) -> str:
+        """``openvino fp32`` for a loaded style."""
+        return f"{loaded.runner.backend} {loaded.runner.precision}"
 
     # -- running -------------------------------------------------------------------
     @property
+    def precision(self) -> str:
+        return self.choice.precision
+
+    @property
+    def backend(self) -> str:
+        return self.choice.backend
+
+    @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[self.precision]
+        """The dtype of the torch networks: the precision's with torch, else float32."""
+        return DTYPES[self.precision] if self.backend == "torch" else torch.float32
+
+    @property
+    def precision_timings(self) -> dict[str, float]:
+        """Seconds per torch precision, when ``auto`` timed more than one (/healthz field
+        from before the backends; ``backend_timings`` has every candidate)."""
+        torch_only = {name.split()[1]: seconds for name, seconds in self.timings.items()
+                      if name.startswith("torch ")}
+        return torch_only if len(torch_only) > 1 else {}
 
     def run(self, image: Image.Image, style: str | None = None) -> Image.Image:
         """Convert an RGB image with ``style``; waits in the queue for the model."""
         chosen = self.style(style)
-        model = self.pool.get(chosen)
-        batch = imaging.to_tensor(image)
+        pixels = np.array(image.convert("RGB") if image.mode != "RGB" else image, np.uint8)
         with self.gate.slot():
+            # loading (and checking) a style runs inferences too: one at a time
+            loaded = self.pool.get(chosen)
             started = time.perf_counter()
-            out = self.forward(model, batch)
+            out = self.forward(loaded.runner, pixels)
             self.gate.record(time.perf_counter() - started, image.width * image.height)
-        if not bool(torch.isfinite(out).all()):
+        result = to_pixels(out)
+        if result is None:
             # never return (or cache) what broken weights make of a photo
             raise StyleUnavailable(self.pool.mark_broken(
                 chosen, f"{chosen.path}: the network's output is not finite (NaN or inf)"))
-        return imaging.to_image(out)
+        return Image.fromarray(result)
 
-    def forward(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        """Run the network, edge-padding inputs smaller than MIN_SIDE and cropping back.
-
-        Returns float32 (1, 3, H, W) in about [-1, 1].
-        """
-        height, width = batch.shape[-2:]
+    def forward(self, runner: Runner, pixels: np.ndarray) -> np.ndarray:
+        """Run ``runner`` on uint8 (H, W, 3) pixels, edge-padding sides under MIN_SIDE and
+        cropping back. Returns float32 (H, W, 3) in about [-1, 1]."""
+        height, width = pixels.shape[:2]
         pad_h, pad_w = max(0, MIN_SIDE - height), max(0, MIN_SIDE - width)
         if pad_h or pad_w:
-            batch = F.pad(batch, (0, pad_w, 0, pad_h), mode="replicate")
-        batch = batch.to(self.dtype).contiguous(memory_format=torch.channels_last)
-        with torch.inference_mode():
-            out: torch.Tensor = model(batch)
-        return out[..., :height, :width].float()
+            pixels = np.pad(pixels, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+        out = runner(pixels)
+        return out[:height, :width] if pad_h or pad_w else out
 
     def status(self) -> dict[str, Any]:
+        loaded = self.pool.loaded_styles()
+        openvino = self.backends.get("openvino")
         return {
             "default_style": self.default_style,
             "installed": sorted(self.registry.installed),
@@ -189,7 +302,25 @@ class InferenceEngine:
             "broken": self.pool.broken(),
             "torch_threads": torch.get_num_threads(),
             "torch_interop_threads": torch.get_num_interop_threads(),
+            "backend": self.backend,
             "precision": self.precision,
+            "backend_requested": self.requested_backend,
+            "backends_available": list(self.backends),
+            "backends_missing": self.missing_backends,
+            "backend_timings": self.timings,
+            "backends_refused": self.rejected,
             "precision_timings": self.precision_timings,
+            "styles_backend": {name: self.serving(style) for name, style in loaded.items()},
+            "fidelity_db": {name: style.fidelity_db for name, style in loaded.items()
+                            if style.fidelity_db is not None},
+            "fidelity_notes": {name: style.note for name, style in loaded.items() if style.note},
+            **({"openvino": openvino.status()} if openvino is not None else {}),
             **self.gate.status(),
         }
+
+
+def model_cache_dir(settings: Settings) -> Path | None:
+    """ANIMEGAN_MODEL_CACHE_DIR as a folder: unset -> the user's cache folder, empty -> None."""
+    if settings.model_cache_dir is None:
+        return default_cache_dir()
+    return Path(settings.model_cache_dir) if settings.model_cache_dir else None

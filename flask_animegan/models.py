@@ -1,20 +1,22 @@
-"""Loaded networks: the default style pinned, a few others kept (LRU), broken files remembered."""
+"""Loaded styles: the default one pinned, a few others kept (LRU), broken files remembered."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import torch
 from cachetools import LRUCache
 from torch import nn
 
+from .backends import Runner
 from .catalog import StyleInfo
 from .errors import StyleUnavailable
-from .weights import WeightsError, load_generator
+from .weights import WeightsError
 
 log = logging.getLogger("flask_animegan")
 
@@ -30,27 +32,41 @@ class LoadEvents(Protocol):
     def model_loaded(self, style: str, seconds: float) -> None: ...
 
 
+@dataclass
+class LoadedStyle:
+    """A style ready to run: its torch network and what runs it."""
+
+    network: nn.Module  # the torch generator (``app.config["ANIMEGAN_MODEL"]`` for the default)
+    runner: Runner
+    fidelity_db: float | None = None  # PSNR against torch fp32 (None: it is torch fp32)
+    note: str | None = None  # why it runs on another backend than the engine's choice
+
+
+#: Makes a style ready to run from its weights; raises WeightsError for a bad file.
+Loader = Callable[[StyleInfo], LoadedStyle]
+
+
 class ModelPool:
-    """Networks by style name, in channels-last layout and the pool's dtype.
+    """Loaded styles by name, made by ``loader``.
 
     ``pinned`` (the default style) is never evicted; up to ``max_loaded`` others stay
     loaded, least recently used first out. A file that failed to load is retried only
     once it has changed.
     """
 
-    def __init__(self, *, max_loaded: int, pinned: str | None, dtype: torch.dtype = torch.float32,
+    def __init__(self, *, max_loaded: int, pinned: str | None, loader: Loader,
                  events: LoadEvents | None = None) -> None:
         self.pinned = pinned
-        self.dtype = dtype
+        self.loader = loader
         self.events = events
-        self._pinned_model: nn.Module | None = None
-        self._models: LRUCache[str, nn.Module] = LRUCache(maxsize=max_loaded)
+        self._pinned_model: LoadedStyle | None = None
+        self._models: LRUCache[str, LoadedStyle] = LRUCache(maxsize=max_loaded)
         # name -> (public message, details for the log and the CLI, file mtime)
         self._broken: dict[str, tuple[str, str, float | None]] = {}
         self._lock = threading.Lock()
 
-    def get(self, style: StyleInfo) -> nn.Module:
-        """The loaded network for ``style``, loading it on first use."""
+    def get(self, style: StyleInfo) -> LoadedStyle:
+        """``style`` ready to run, loading it on first use."""
         if style.name == self.pinned and self._pinned_model is not None:
             return self._pinned_model
         with self._lock:
@@ -65,14 +81,14 @@ class ModelPool:
                     self._models[style.name] = model
             return model
 
-    def _load(self, style: StyleInfo) -> nn.Module:
+    def _load(self, style: StyleInfo) -> LoadedStyle:
         failed = self._broken.get(style.name)
         if failed and failed[2] == _mtime(style.path):
             raise StyleUnavailable(failed[0])
         assert style.path is not None, "only installed styles are loaded"
         try:
             started = time.perf_counter()
-            model = self.prepare(load_generator(style.path))
+            model = self.loader(style)
             if self.events is not None:
                 self.events.model_loaded(style.name, time.perf_counter() - started)
         except WeightsError as exc:
@@ -80,17 +96,11 @@ class ModelPool:
         self._broken.pop(style.name, None)
         return model
 
-    def prepare(self, model: nn.Module) -> nn.Module:
-        """Channels-last layout (oneDNN's fast path) in the pool's dtype."""
-        # two calls: torch's stubs lack the (dtype, memory_format) overload
-        return model.to(dtype=self.dtype).to(memory_format=torch.channels_last)
-
-    def replace_pinned(self, model: nn.Module, dtype: torch.dtype) -> None:
-        """Serve the pinned style with ``model`` (already in ``dtype``) from now on."""
+    def replace_pinned(self, model: LoadedStyle) -> None:
+        """Serve the pinned style with ``model`` from now on."""
         with self._lock:
-            self.dtype = dtype
             self._pinned_model = model
-            self._models.clear()  # others reload in the new dtype
+            self._models.clear()  # others reload with the engine's new choice
 
     def mark_broken(self, style: StyleInfo, details: str) -> str:
         """Record that ``style`` cannot serve; returns the public message.
@@ -116,8 +126,16 @@ class ModelPool:
         return names
 
     @property
-    def pinned_model(self) -> nn.Module | None:
+    def pinned_model(self) -> LoadedStyle | None:
         return self._pinned_model
+
+    def loaded_styles(self) -> dict[str, LoadedStyle]:
+        """Every loaded style by name, the pinned one first."""
+        with self._lock:
+            found = dict(self._models.items())
+        if self._pinned_model is not None and self.pinned is not None:
+            found = {self.pinned: self._pinned_model, **found}
+        return found
 
     def broken(self) -> dict[str, str]:
         """Public message per broken style."""

@@ -1,0 +1,263 @@
+"""OpenVINO on the CPU: each style converted from its torch module, cached on disk.
+
+A style is traced once, converted with ``ov.convert_model`` (dynamic height and
+width), rewritten where the CPU plugin needs it, given its pixel conversions
+(uint8 HWC in, float HWC out) and compiled with ``INFERENCE_NUM_THREADS`` set to
+torch's thread count. With a cache folder, the converted model (``ir/``) and
+OpenVINO's compiled blobs (``CACHE_DIR``, ``compiled/``) survive a restart, so the
+next start converts and compiles nothing.
+
+Why dynamic shapes with one rewrite, not shape buckets: the converted graph's
+``GroupNormalization(num_groups=1)`` is lowered by the CPU plugin through a reshape
+whose shape is only known at run time, which costs ~50 layout reorders per inference
+(dynamic was 1.27x slower than a static compile at 512 px). Replaced by ``MVN`` over
+(C, H, W) with a per-channel scale and shift (the same arithmetic), the dynamic
+model runs as fast as a static one, with no compile per shape and no padding.
+Buckets would pad, and padding changes GroupNorm's statistics (the output).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+import torch
+from torch import nn
+
+from .. import generator
+
+log = logging.getLogger("flask_animegan")
+
+#: Bump when the conversion below changes: it is part of every cache key.
+CONVERSION_VERSION = "1"
+PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}
+#: Side of the tracing input (any size works: height and width are dynamic).
+TRACE_SIDE = 32
+
+_core: ov.Core | None = None
+_core_lock = threading.Lock()
+_compiled: dict[tuple[str, str, int, str], ov.CompiledModel] = {}
+_compiled_lock = threading.Lock()
+
+
+def core() -> ov.Core:
+    """The process's OpenVINO core (made on first use, not at import)."""
+    global _core
+    with _core_lock:
+        if _core is None:
+            _core = ov.Core()
+        return _core
+
+
+def version() -> str:
+    return ov.get_version()
+
+
+def convert(network: nn.Module) -> ov.Model:
+    """``network`` (float32 torch generator) as an OpenVINO model: uint8 (1, H, W, 3) RGB
+    in, float32 (1, H, W, 3) in about [-1, 1] out, H and W dynamic."""
+    # a copy: the caller's network may be serving (channels-last) at the same time
+    network = copy.deepcopy(network).float().to(memory_format=torch.contiguous_format)
+    example = torch.zeros(1, 3, TRACE_SIDE, TRACE_SIDE)
+    with warnings.catch_warnings(), torch.no_grad():
+        # tracing ourselves without the trace check takes a third of convert_model's own
+        warnings.filterwarnings("ignore", r"`torch\.jit\.[a-z_]+` is deprecated", FutureWarning)
+        # the trace sees GroupNorm's batch-size check; the batch is always 1 here
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        traced = network if isinstance(network, torch.jit.ScriptModule) else (
+            torch.jit.trace(network, example, check_trace=False))
+        model = ov.convert_model(traced, input=[ov.PartialShape([1, 3, -1, -1])])
+    _group_norm_as_mvn(model)
+    return _with_pixel_conversions(model)
+
+
+def _group_norm_as_mvn(model: ov.Model) -> int:
+    """Replace GroupNormalization with one group by MVN over (C, H, W) times a per-channel
+    scale plus shift (see the module docstring). Returns how many were replaced."""
+    replaced = 0
+    axes = ops.constant(np.array([1, 2, 3], np.int64))
+    per_channel = ops.constant(np.array([1, -1, 1, 1], np.int64))
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "GroupNormalization":
+            continue
+        attributes = node.get_attributes()
+        if attributes["num_groups"] != 1:
+            continue
+        data, scale, shift = (node.input_value(i) for i in range(3))
+        normalised = ops.mvn(data, axes, True, attributes["epsilon"], "inside_sqrt")
+        out = ops.add(ops.multiply(normalised, ops.reshape(scale, per_channel, False)),
+                      ops.reshape(shift, per_channel, False))
+        node.output(0).replace(out.output(0))
+        replaced += 1
+    model.validate_nodes_and_infer_types()
+    return replaced
+
+
+def _with_pixel_conversions(model: ov.Model) -> ov.Model:
+    """uint8 NHWC pixels -> x / 127.5 - 1 in NCHW in the graph, and NHWC out: the
+    conversions the torch path does around the network, fused by OpenVINO."""
+    ppp = ov.preprocess.PrePostProcessor(model)
+    ppp.input().tensor().set_element_type(ov.Type.u8).set_layout(ov.Layout("NHWC"))
+    ppp.input().model().set_layout(ov.Layout("NCHW"))
+    ppp.input().preprocess().convert_element_type(ov.Type.f32).scale(127.5).mean(1.0)
+    ppp.output().model().set_layout(ov.Layout("NCHW"))
+    ppp.output().tensor().set_layout(ov.Layout("NHWC"))
+    built: ov.Model = ppp.build()
+    return built
+
+
+def cache_key(weights: Path, digest: str) -> str:
+    """What the converted model depends on: the weights, the network's code, the
+    conversion and the library versions."""
+    parts = [digest, hashlib.sha256(Path(generator.__file__).read_bytes()).hexdigest(),
+             CONVERSION_VERSION, torch.__version__, version()]
+    return f"{weights.stem}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:20]}"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """One process converts a style at a time (gunicorn's workers start together)."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class OpenVINORunner:
+    """One compiled style with its own infer request (the engine's gate serialises calls)."""
+
+    backend = "openvino"
+
+    def __init__(self, compiled: ov.CompiledModel, precision: str) -> None:
+        self.precision = precision
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+
+    def __call__(self, pixels: np.ndarray) -> np.ndarray:
+        results = self.request.infer({0: pixels[np.newaxis]}, share_inputs=True,
+                                     share_outputs=False)
+        out: np.ndarray = results[0][0]
+        return out
+
+
+class OpenVINOBackend:
+    """Converts, caches and compiles styles; see the module docstring."""
+
+    name = "openvino"
+
+    def __init__(self, *, cache_dir: Path | None, threads: int) -> None:
+        # blobs are tied to OpenVINO's build: one folder per version
+        tag = re.sub(r"[^A-Za-z0-9.]+", "-", version())
+        self.cache_dir = cache_dir / f"openvino-{tag}" if cache_dir else None
+        self.threads = threads
+        # per weights file: where its model came from and what it cost (for /healthz)
+        self.loads: dict[str, dict[str, Any]] = {}
+        self._cache_problem_logged = False
+
+    def status(self) -> dict[str, Any]:
+        """Version, threads, cache folder and, per loaded style, what its start cost."""
+        return {"version": version(), "threads": self.threads,
+                "cache_dir": str(self.cache_dir) if self.cache_dir else None,
+                "loads": dict(self.loads)}
+
+    def precisions(self) -> tuple[str, ...]:
+        capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        return ("fp32", "bf16") if "BF16" in capabilities else ("fp32",)
+
+    def config(self, precision: str) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision],
+            "INFERENCE_NUM_THREADS": self.threads,
+            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+        }
+        if self.cache_dir is not None:
+            config["CACHE_DIR"] = str(self.cache_dir / "compiled")
+        return config
+
+    def runner(self, network: nn.Module, precision: str, weights: Path) -> OpenVINORunner:
+        from . import weights_digest
+
+        key = cache_key(weights, weights_digest(weights))
+        memo = (key, precision, self.threads, str(self.cache_dir))
+        with _compiled_lock:
+            compiled = _compiled.get(memo)
+            if compiled is None:
+                compiled = self._compile(network, precision, key, weights.stem)
+                _compiled[memo] = compiled
+        return OpenVINORunner(compiled, precision)
+
+    def _compile(self, network: nn.Module, precision: str, key: str,
+                 style: str) -> ov.CompiledModel:
+        started = time.perf_counter()
+        source: ov.Model | str
+        source, converted = self._model(network, key)
+        converted_s = time.perf_counter() - started
+        config = self.config(precision)
+        try:
+            compiled = core().compile_model(source, "CPU", config)
+        except RuntimeError:
+            if "CACHE_DIR" not in config:
+                raise
+            config.pop("CACHE_DIR")  # an unusable cache folder never stops the style
+            compiled = core().compile_model(source, "CPU", config)
+        from_cache = bool(compiled.get_property("LOADED_FROM_CACHE"))
+        self.loads[f"{style} {precision}"] = {
+            "converted": converted, "compiled_from_cache": from_cache,
+            "convert_s": round(converted_s, 3),
+            "compile_s": round(time.perf_counter() - started - converted_s, 3)}
+        log.info("flask_animegan: openvino %s %s: %s in %.2f s, %s in %.2f s", style, precision,
+                 "converted" if converted else "converted model read from the cache", converted_s,
+                 "compiled blob loaded from the cache" if from_cache else "compiled",
+                 time.perf_counter() - started - converted_s)
+        return compiled
+
+    def _model(self, network: nn.Module, key: str) -> tuple[ov.Model | str, bool]:
+        """The converted model: a path in the cache folder (converting it first if it is
+        not there) or, without a usable cache, a model in memory. Also whether this call
+        converted it."""
+        if self.cache_dir is None:
+            return convert(network), True
+        folder = self.cache_dir / "ir"
+        xml = folder / f"{key}.xml"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with _file_lock(folder / f"{key}.lock"):
+                if xml.is_file():
+                    return str(xml), False
+                model = convert(network)
+                self._save(model, xml)
+                return str(xml), True
+        except OSError as exc:
+            if not self._cache_problem_logged:
+                log.warning("flask_animegan: openvino cache folder %s is not usable (%s); "
+                            "converting in memory: set ANIMEGAN_MODEL_CACHE_DIR to a "
+                            "writable folder", self.cache_dir, exc)
+                self._cache_problem_logged = True
+            self.cache_dir = None
+            return convert(network), True
+
+    @staticmethod
+    def _save(model: ov.Model, xml: Path) -> None:
+        """Write ``xml`` and its ``.bin`` so that a reader never sees half a model."""
+        with tempfile.TemporaryDirectory(dir=xml.parent, prefix=".tmp-") as tmp:
+            staged = Path(tmp) / xml.name
+            ov.save_model(model, str(staged), compress_to_fp16=False)
+            os.replace(staged.with_suffix(".bin"), xml.with_suffix(".bin"))
+            os.replace(staged, xml)

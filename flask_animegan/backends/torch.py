@@ -1,0 +1,45 @@
+"""torch eager: the reference backend, and the fallback for every other one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..precision import DTYPES, native_bf16
+
+
+class TorchRunner:
+    """The generator in eager mode: channels-last layout (oneDNN's fast path) in ``precision``.
+
+    The network is converted in place; it is also what ``app.config["ANIMEGAN_MODEL"]``
+    holds for the default style.
+    """
+
+    backend = "torch"
+
+    def __init__(self, network: nn.Module, precision: str) -> None:
+        self.precision = precision
+        self.dtype = DTYPES[precision]
+        # two calls: torch's stubs lack the (dtype, memory_format) overload
+        self.network = network.to(dtype=self.dtype).to(memory_format=torch.channels_last)
+
+    def __call__(self, pixels: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            # (H, W, 3) seen as (1, 3, H, W) has channels-last strides already: no copy
+            batch = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
+            batch = batch.to(torch.float32).div_(127.5).sub_(1.0).to(self.dtype)
+            out: torch.Tensor = self.network(batch)
+            return out[0].permute(1, 2, 0).to(torch.float32).numpy()
+
+
+class TorchBackend:
+    name = "torch"
+
+    def precisions(self) -> tuple[str, ...]:
+        return ("fp32", "bf16") if native_bf16() else ("fp32",)
+
+    def runner(self, network: nn.Module, precision: str, weights: Path) -> TorchRunner:
+        return TorchRunner(network, precision)
