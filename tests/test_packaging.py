@@ -246,7 +246,8 @@ def prepare_venv(version: tuple[int, int], venv: Path, wheel: Path) -> Path | st
     # this venv's pip installs into the other one (faster than bootstrapping pip there)
     pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check",
            "--quiet", "install"]
-    deps = subprocess.run([*pip, "numpy", "pillow>=10.1"], capture_output=True, text=True,
+    deps = subprocess.run([*pip, "--only-binary=:all:", "numpy", "pillow>=10.1"],
+                          capture_output=True, text=True,
                           timeout=300)
     if deps.returncode:
         return f"need: pip could not install numpy and Pillow for {name}: {deps.stderr[-500:]}"
