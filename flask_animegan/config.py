@@ -210,12 +210,14 @@ class Settings:
         '`local` (clients on loopback), `all` or `none`; others get only the status.')
     content_security_policy: str = _setting(
         "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'", str,
-        "Content-Security-Policy header of the blueprint's responses; loosen it if your "
-        'base template loads resources from elsewhere, empty leaves it out.')
+        "Content-Security-Policy header of the blueprint's responses; empty leaves it out. "
+        'With your own layout (ANIMEGAN_BASE_TEMPLATE), the default is not sent: your site '
+        'sends its own policy (allow `blob:` images); a policy you set here is sent.')
     csrf: bool = _setting(
         True, bool,
-        'Require a CSRF token on the upload form when the app has a `SECRET_KEY` (the '
-        'JSON API needs none); turn off only if the host app checks every form itself.')
+        "The extension's own CSRF token on the upload form, when the app has a "
+        "`SECRET_KEY` (the JSON API needs none). With Flask-WTF's `CSRFProtect` on the "
+        "app, its token and check are used instead and this setting does nothing.")
     sample_size: int = _setting(
         128, int,
         "Long side of the style samples in the page's style picker, converted from a "
@@ -227,8 +229,12 @@ class Settings:
         'who can reach that path.')
     base_template: str = _setting(
         'animegan/base.html', str,
-        "Template the pages extend; point it at your site's layout (it must define the "
-        '`animegan_content` block).')
+        "Template the pages extend; point it at your site's layout, and set "
+        'ANIMEGAN_CONTENT_BLOCK to its content block.')
+    content_block: str = _setting(
+        'animegan_content', str,
+        'Block of ANIMEGAN_BASE_TEMPLATE that the pages fill, e.g. `content` for a '
+        "site's layout; the built-in base template's is `animegan_content`.")
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -286,6 +292,13 @@ class Settings:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{PREFIX}{name.upper()}={value!r} must be a positive "
                                  "integer or unset")
+        if not (isinstance(self.content_block, str) and self.content_block.isidentifier()):
+            raise ValueError(f"ANIMEGAN_CONTENT_BLOCK={self.content_block!r} must be the name "
+                             "of a block of your layout, e.g. 'content'")
+        if (self.content_block != DEFAULTS["ANIMEGAN_CONTENT_BLOCK"]
+                and self.base_template == DEFAULTS["ANIMEGAN_BASE_TEMPLATE"]):
+            raise ValueError("ANIMEGAN_CONTENT_BLOCK names a block of your layout: set "
+                             "ANIMEGAN_BASE_TEMPLATE to that layout too, e.g. 'layout.html'")
         for name in ("storage_uri", "ratelimit_storage_uri"):
             value = getattr(self, name)
             if value is not None and "://" not in str(value):

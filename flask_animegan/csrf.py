@@ -1,37 +1,87 @@
-"""A CSRF token for the upload form, on when the host app has a ``SECRET_KEY``.
+"""CSRF protection of the upload form: Flask-WTF's when the app has it, else our own.
 
-The token is a random value kept in Flask's signed session cookie and repeated in
-a hidden form field; a form posted from another site cannot know it. Apps without
-a secret key have no session, so the form goes without (``ANIMEGAN_CSRF`` turns
-the check off where the host app already protects every form, e.g. Flask-WTF).
-The JSON API (``/convert``) needs no token: it keeps no state for the client, and
-another site's page cannot read its answer.
+With Flask-WTF's ``CSRFProtect`` on the app, the form carries its token (the value of
+``csrf_token()``, in the field ``WTF_CSRF_FIELD_NAME``) and Flask-WTF checks ``/upload``
+like any other form of the site. The extension adds nothing to that check; it only
+makes sure the check ran (a site may set ``WTF_CSRF_CHECK_DEFAULT = False``, or may have
+exempted the blueprint) and exempts the JSON API, ``/convert``.
+
+Without Flask-WTF, and when the app has a ``SECRET_KEY``, the extension's own token
+is a random value kept in Flask's signed session cookie and repeated in a hidden form
+field; a form posted from another site cannot know it (``ANIMEGAN_CSRF`` turns it off).
+
+Why ``/convert`` needs no token, even under a site-wide ``CSRFProtect``: a forged
+request is dangerous when the visitor's cookies make it act *as the visitor*. The API
+reads no cookie and no session, and changes nothing that belongs to anyone: it turns
+the photo in the request into a picture and answers with it. A page on another site
+can make a browser send that request, but cannot read the answer (the API sends no
+CORS headers). What a forged request spends is one conversion, counted by the rate
+limit against the visitor's address like any conversion the visitor could start
+directly. So ``curl`` and other clients without cookies keep working.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets
+import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
 
-from flask import current_app, request, session
+from flask import current_app, g, request, session
 
 from .errors import ConversionError
 
 SESSION_KEY = "animegan_csrf"
 FIELD = "csrf_token"
 HEADER = "X-CSRF-Token"
+#: What a refused form post says, whichever token was missing or wrong.
+REFUSED = ("the form has expired or was sent from another site: reload the page and "
+           "send the photo again")
+_exempted: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class CsrfFailed(ConversionError):
     status = 400
 
 
+def host_protect() -> Any | None:
+    """The app's Flask-WTF ``CSRFProtect``, or None when it has none."""
+    protect = current_app.extensions.get("csrf")
+    flask_wtf = _flask_wtf_csrf()
+    return protect if flask_wtf and isinstance(protect, flask_wtf.CSRFProtect) else None
+
+
+def _flask_wtf_csrf() -> Any:
+    """The module flask_wtf.csrf, or None. Flask-WTF is optional: if the process never
+    imported it, no app uses it."""
+    return sys.modules.get("flask_wtf.csrf")
+
+
+def _host_check_enabled() -> bool:
+    return bool(current_app.config.get("WTF_CSRF_ENABLED", True))
+
+
+def exempt_from_host(view: Callable[..., Any]) -> None:
+    """Exempt ``view`` (the JSON API) from the app's Flask-WTF check, once per CSRFProtect.
+
+    Called before every before_request function of the request (views.py), so it takes
+    effect on the first request whether the site made its CSRFProtect before or after
+    ``AnimeGAN(app)``."""
+    protect = host_protect()
+    if protect is not None and protect not in _exempted:
+        protect.exempt(view)
+        _exempted.add(protect)
+
+
 def enabled() -> bool:
+    """Whether the extension's own token is on (it is used only where Flask-WTF is not)."""
     return bool(current_app.config.get("ANIMEGAN_CSRF") and current_app.secret_key)
 
 
 def token() -> str | None:
-    """This browser session's token (created on first use), or None when CSRF is off."""
+    """This browser session's own token (created on first use), or None when it is off."""
     if not enabled():
         return None
     value = session.get(SESSION_KEY)
@@ -40,12 +90,30 @@ def token() -> str | None:
     return value
 
 
-def check() -> None:
-    """Raise CsrfFailed unless the request carries this session's token.
+def form_field() -> tuple[str, str] | None:
+    """The hidden field the upload form carries: (name, value), or None when it needs none."""
+    if host_protect() is not None:
+        if not _host_check_enabled():
+            return None
+        return (current_app.config.get("WTF_CSRF_FIELD_NAME", FIELD),
+                _flask_wtf_csrf().generate_csrf())
+    value = token()
+    return None if value is None else (FIELD, value)
 
-    The token comes in the form field ``csrf_token`` of a multipart form, or else in
-    the ``X-CSRF-Token`` header (the body of any other request is the image itself).
+
+def check() -> None:
+    """Refuse the request unless it carries the form's token.
+
+    With Flask-WTF: its check, unless it already ran for this request (raises its
+    ``CSRFError``). Otherwise our own token, from the form field ``csrf_token`` of a
+    multipart form or the ``X-CSRF-Token`` header (the body of any other request is
+    the image itself); raises CsrfFailed.
     """
+    protect = host_protect()
+    if protect is not None:
+        if _host_check_enabled() and not g.get("csrf_valid"):
+            protect.protect()
+        return
     if not enabled():
         return
     expected = session.get(SESSION_KEY)
@@ -55,5 +123,10 @@ def check() -> None:
         sent = request.headers.get(HEADER, "")
     if not isinstance(expected, str) or not hmac.compare_digest(expected.encode(),
                                                                  sent.encode()):
-        raise CsrfFailed("the form has expired or was sent from another site: reload the "
-                         "page and send the photo again")
+        raise CsrfFailed(REFUSED)
+
+
+def is_host_refusal(error: Exception) -> bool:
+    """Whether ``error`` is Flask-WTF's refusal of a request (its ``CSRFError``)."""
+    flask_wtf = _flask_wtf_csrf()
+    return flask_wtf is not None and isinstance(error, flask_wtf.CSRFError)

@@ -5,17 +5,22 @@ from __future__ import annotations
 import json
 import logging
 import time
+import weakref
+from types import SimpleNamespace
 from typing import Any
 
 from flask import (Blueprint, Response, abort, current_app, jsonify, make_response, redirect,
                    render_template, request, url_for)
 from flask_limiter.errors import RateLimitExceeded
+from jinja2 import Environment, Template
+from markupsafe import escape
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.wrappers import Response as BaseResponse
 
 from . import csrf
 from .cache import StoredResult
 from .clients import client_key, is_loopback
-from .config import OUTPUT_FORMATS
+from .config import DEFAULTS, OUTPUT_FORMATS
 from .errors import BadImage, ConversionError, UnsupportedImage
 from .imaging import encode
 from .pipeline import Conversion, describe_timings
@@ -35,23 +40,44 @@ _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlen
 FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
 #: Fields the form and the API read; a form with many more parts is not ours.
 MAX_FORM_PARTS = 32
+BUILT_IN_BASE = DEFAULTS["ANIMEGAN_BASE_TEMPLATE"]
 log = logging.getLogger("flask_animegan")
+#: The block adapters (see _layout), per Jinja environment (one per app) and block name.
+_adapters: weakref.WeakKeyDictionary[Environment, dict[str, Template]] = (
+    weakref.WeakKeyDictionary())
 
 
-@blueprint.before_request
-def _bound_request_body() -> None:
+# A URL value preprocessor, not before_request: Flask runs these before every
+# before_request function, the site's included, and Flask-WTF's CSRFProtect reads the
+# form (the upload) in one of those.
+@blueprint.url_value_preprocessor
+def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> None:
     # Werkzeug answers 413 from Content-Length before reading the body. A chunked
     # body has no length: Werkzeug then stops reading at the limit without an error,
     # so allow one byte more and refuse the body if it gets there (_read_upload).
     limit = get_service().max_upload_bytes
     request.max_content_length = limit if request.content_length is not None else limit + 1
     request.max_form_parts = MAX_FORM_PARTS
+    csrf.exempt_from_host(convert)  # why that is safe: csrf.py
+
+
+def content_security_policy() -> str:
+    """The policy for the blueprint's responses: ANIMEGAN_CONTENT_SECURITY_POLICY, except
+    that its default, written for the built-in base template, is not sent with the
+    site's own layout; that layout's inline scripts and styles are the site's, and so
+    is the policy that allows them."""
+    config = current_app.config
+    policy = config.get("ANIMEGAN_CONTENT_SECURITY_POLICY") or ""
+    if (policy == DEFAULTS["ANIMEGAN_CONTENT_SECURITY_POLICY"]
+            and config.get("ANIMEGAN_BASE_TEMPLATE") != BUILT_IN_BASE):
+        return ""
+    return policy
 
 
 def add_security_headers(response: Response) -> Response:
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("Referrer-Policy", "same-origin")
-    policy = current_app.config.get("ANIMEGAN_CONTENT_SECURITY_POLICY")
+    policy = content_security_policy()
     if policy:
         response.headers.setdefault("Content-Security-Policy", policy)
     return response
@@ -153,34 +179,69 @@ def _convert_request() -> Conversion:
     return conversion
 
 
-def _page_context(**extra: Any) -> dict[str, Any]:
+def _page(layout: str | Template | None = None, **extra: Any) -> SimpleNamespace:
+    """What the page templates read, as one variable, ``animegan``: the site's layout
+    sees its own template globals (Flask-WTF's ``csrf_token()``, ``current_user``, ...)
+    unshadowed."""
     service = get_service()
     styles = service.styles_info()
-    return {
-        "base_template": service.base_template,
-        "styles": [s for s in styles if s["installed"]],
-        "pullable": [s for s in styles if not s["installed"]],
-        "default_style": service.engine.default_style,
-        "max_side": service.max_side,
-        "sizes": sorted({s for s in FORM_SIZES if s < service.max_side} | {service.max_side}),
-        "formats": OUTPUT_FORMATS,
-        "default_format": service.output_format,
-        "max_upload_bytes": service.max_upload_bytes,
-        "max_upload_text": _size(service.max_upload_bytes),
-        "sample_size": service.sample_size,
-        "rate_limit": service.rate_limit,
-        "csrf_token": csrf.token(),
+    installed = [s for s in styles if s["installed"]]
+    error = extra.pop("error", None)
+    return SimpleNamespace(
+        layout=layout or _layout(service.base_template, service.settings.content_block),
+        base_template=service.base_template,
+        styles=installed,
+        pullable=[s for s in styles if not s["installed"]],
+        face_styles=any(s["face_crop"] for s in installed),
+        # `flask animegan pull ...` is for whoever runs the site, not for its visitors
+        admin_hints=current_app.debug,
+        default_style=service.engine.default_style,
+        max_side=service.max_side,
+        sizes=sorted({s for s in FORM_SIZES if s < service.max_side} | {service.max_side}),
+        formats=OUTPUT_FORMATS,
+        default_format=service.output_format,
+        max_upload_bytes=service.max_upload_bytes,
+        max_upload_text=_size(service.max_upload_bytes),
+        sample_size=service.sample_size,
+        rate_limit=service.rate_limit,
+        csrf_field=csrf.form_field(),
+        error=sentence(error) if error else None,
         **extra,
-    }
+    )
+
+
+def _layout(base_template: str, block: str) -> str | Template:
+    """The template the pages extend: the base template itself when it has the block
+    ``animegan_content``, else a two-line adapter that puts that block into ``block``
+    (Jinja has no ``{% block %}`` with a name from a variable)."""
+    if block == DEFAULTS["ANIMEGAN_CONTENT_BLOCK"]:
+        return base_template
+    env = current_app.jinja_env
+    adapters = _adapters.setdefault(env, {})
+    if block not in adapters:
+        # the block name is checked (an identifier) by Settings.validate
+        adapters[block] = env.from_string(
+            "{% extends animegan.base_template %}"
+            f"{{% block {block} %}}{{% block animegan_content %}}{{% endblock %}}{{% endblock %}}")
+    return adapters[block]
+
+
+def sentence(message: str) -> str:
+    """An error message as the page shows it, with and without JavaScript (animegan.js
+    does the same): a capital first letter and a full stop."""
+    message = message.strip()
+    if message and message[-1] not in ".!?":
+        message += "."
+    return message[:1].upper() + message[1:]
 
 
 @blueprint.get("/")
 def index() -> str:
-    return render_template("animegan/index.html", **_page_context())
+    return render_template("animegan/index.html", animegan=_page())
 
 
 @blueprint.post("/upload")
-def upload() -> Response:
+def upload() -> BaseResponse:
     csrf.check()
     conversion = _convert_request()
     service = get_service()
@@ -196,8 +257,8 @@ def result(token: str) -> str:
     stored = get_service().results.get(token)
     if stored is None:
         abort(404, "this result has expired or never existed; convert the photo again")
-    return render_template("animegan/result.html", token=token, stored=stored,
-                           download_name=_download_name(stored), **_page_context())
+    return render_template("animegan/result.html", animegan=_page(
+        token=token, result=stored, download_name=_download_name(stored)))
 
 
 def _download_name(stored: StoredResult) -> str:
@@ -282,11 +343,25 @@ def _error_response(message: str, status: int, retry_after: int | None = None) -
     if request.endpoint in API_ENDPOINTS:
         response = make_response(jsonify(error=message, status=status), status)
     else:
-        response = make_response(
-            render_template("animegan/index.html", **_page_context(error=message)), status)
+        response = make_response(_error_page(message), status)
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
     return response
+
+
+def _error_page(message: str) -> str:
+    """The form with the error above it, in the site's layout; if that page cannot be
+    rendered (a broken layout is often why we are here), in the built-in one, and
+    failing that, as a bare page."""
+    for layout in (None, BUILT_IN_BASE):
+        try:
+            return render_template("animegan/index.html",
+                                   animegan=_page(layout=layout, error=message))
+        except Exception:  # noqa: BLE001 - an error page must not fail
+            log.exception("flask_animegan: the error page could not be rendered with %s",
+                          "the site's layout" if layout is None else BUILT_IN_BASE)
+    return (f'<!doctype html><html lang="en"><title>Photo to anime</title>'
+            f'<p role="alert">{escape(sentence(message))}</p></html>')
 
 
 @blueprint.errorhandler(ConversionError)
@@ -310,6 +385,8 @@ def _rate_limited(error: RateLimitExceeded) -> Response:
 @blueprint.errorhandler(HTTPException)
 def _http_error(error: HTTPException) -> Response:
     limit = get_service().max_upload_bytes
+    if csrf.is_host_refusal(error):  # Flask-WTF's CSRFError: the same words as ours
+        return _conversion_error(csrf.CsrfFailed(csrf.REFUSED))
     if (error.code == 413 and request.mimetype == "multipart/form-data"
             and request.content_length is not None and request.content_length <= limit):
         message = (f"the form has more than {MAX_FORM_PARTS} parts or a text field is too "

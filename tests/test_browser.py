@@ -27,11 +27,20 @@ SCREENSHOTS = Path(os.environ.get("SCREENSHOTS_DIR", REPO / "artifacts" / "scree
 WAIT = 90  # seconds: a conversion on a busy 2-core machine
 
 
+def shipped_toon_demo() -> Path:
+    """The shipped style's weights (package data, or the repository's models folder)."""
+    for path in (REPO / "flask_animegan" / "shipped_styles" / "toon_demo.pt",
+                 REPO / "models" / "toon_demo.pt"):
+        if path.exists():
+            return path
+    raise FileNotFoundError("toon_demo.pt is neither package data nor in models/")
+
+
 def start_server(tmp: Path, models_dir: Path, **env: str) -> Server:
     """gunicorn with the example app; styles: the shipped toon_demo (default) and test_style."""
     models = tmp / "models"
     models.mkdir()
-    shutil.copy(REPO / "models" / "toon_demo.pt", models)
+    shutil.copy(shipped_toon_demo(), models)
     shutil.copy(models_dir / "test_style.pt", models)
     return Server({
         "ANIMEGAN_MODELS_DIR": str(models), "ANIMEGAN_DEFAULT_STYLE": "toon_demo",
@@ -77,6 +86,8 @@ def browser(tmp_path: Path) -> Iterator[Callable[..., object]]:
             options.add_argument(flag)
         downloads = tmp_path / f"downloads-{len(drivers)}"
         downloads.mkdir()
+        # the console, for the tests that read it (driver.get_log("browser"))
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
         options.add_experimental_option("prefs", {
             "download.default_directory": str(downloads),
             "download.prompt_for_download": False,

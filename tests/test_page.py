@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
 
 import numpy as np
 from conftest import open_image, photo_bytes
@@ -100,3 +101,53 @@ def test_the_result_page_offers_a_download_and_the_comparison(client):
     # the before/after slider is hidden until the script shows it
     assert re.search(r'class="animegan-compare" data-animegan-compare hidden', html)
     assert 'type="range"' in html
+
+
+def test_the_page_is_for_visitors_the_admin_commands_show_in_debug_mode_only(make_app):
+    app = make_app()
+    html = app.test_client().get("/animegan/").get_data(as_text=True)
+    assert "flask animegan" not in html and "animegan-admin" not in html
+    app.debug = True
+    html = app.test_client().get("/animegan/").get_data(as_text=True)
+    assert "flask animegan pull paprika" in html and "shows only in debug mode" in html
+
+
+def test_the_face_note_shows_only_when_a_face_style_is_installed(make_app, models_dir,
+                                                                 tmp_path):
+    assert "animegan-face-note" not in make_app().test_client().get(
+        "/animegan/").get_data(as_text=True)
+    shutil.copy(models_dir / "test_style.pt", tmp_path / "test_style.pt")
+    shutil.copy(models_dir / "other_style.pt", tmp_path / "face_paint_512_v2.pt")
+    html = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path),
+                    ANIMEGAN_DEFAULT_STYLE="test_style").test_client().get(
+        "/animegan/").get_data(as_text=True)
+    assert 'id="animegan-face-note"' in html
+    assert re.search(r'value="face_paint_512_v2" data-face="1"', html)
+
+
+def test_errors_read_as_one_sentence_on_the_page_and_stay_plain_in_the_json(client):
+    bad = {"image": (io.BytesIO(b"notes, not a photo"), "notes.jpg")}
+    page = client.post("/animegan/upload", data=bad).get_data(as_text=True)
+    shown = re.search(r'id="animegan-error"[^>]*>([^<]*)</p>', page).group(1)
+    assert shown.startswith("The file is not an image this server can read;")
+    assert shown.endswith(".") and not shown.endswith("..")
+    api = client.post("/animegan/convert", data=b"notes, not a photo")
+    assert api.json["error"].startswith("the file is not an image")
+
+
+def test_the_page_uses_one_template_variable(make_app):
+    """The pages read everything from `animegan`, so a host's globals are never hidden."""
+    from flask import template_rendered
+
+    app = make_app(SECRET_KEY="s")
+    seen = []
+
+    def record(sender, template, context, **extra):
+        seen.append((template.name, set(context) - set(app.jinja_env.globals)))
+
+    with template_rendered.connected_to(record, app):
+        app.test_client().get("/animegan/")
+    name, variables = seen[0]
+    assert name == "animegan/index.html"
+    # Flask's own (request, session, g, config, ...) plus ours
+    assert variables - {"request", "session", "g", "config"} == {"animegan"}

@@ -23,6 +23,13 @@
     return stem || "photo";
   }
 
+  // the same wording as the page without JavaScript (views.sentence)
+  function sentence(message) {
+    message = String(message).trim();
+    if (message && ".!?".indexOf(message.charAt(message.length - 1)) < 0) message += ".";
+    return message.charAt(0).toUpperCase() + message.slice(1);
+  }
+
   function statusMessage(response) {
     var wait = response.headers.get("Retry-After");
     var messages = {
@@ -56,7 +63,7 @@
   var resultUrl = null;
 
   function showError(message) {
-    errorBox.textContent = message.charAt(0).toUpperCase() + message.slice(1) + ".";
+    errorBox.textContent = sentence(message);
     errorBox.hidden = false;
   }
 
@@ -71,8 +78,12 @@
     photo = file;
     if (photoUrl) URL.revokeObjectURL(photoUrl);
     photoUrl = URL.createObjectURL(file);
+    // shown once the browser could draw it: a file that is not a picture (or one this
+    // browser cannot show, such as TIFF) leaves no broken image behind
+    preview.hidden = true;
+    preview.onload = function () { preview.hidden = false; };
+    preview.onerror = function () { preview.hidden = true; preview.removeAttribute("src"); };
     preview.src = photoUrl;
-    preview.hidden = false;
     if (file.size > maxBytes) {
       showError("this photo is " + (file.size / 1048576).toFixed(1) + " MiB; the limit is " +
                 form.dataset.maxBytesText);
@@ -116,8 +127,10 @@
     var checked = form.querySelector("input[name=style]:checked");
     faceNote.hidden = !(checked && checked.dataset.face === "1");
   }
-  form.addEventListener("change", updateFaceNote);
-  updateFaceNote();
+  if (faceNote) {  // on the page only when a face style is installed
+    form.addEventListener("change", updateFaceNote);
+    updateFaceNote();
+  }
 
   function showResult(blob, response, elapsed) {
     var style = response.headers.get("X-AnimeGAN-Style") || "anime";
