@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from .models import LoadedStyle, ModelPool
 from .precision import DTYPES, fastest
 from .styles import SHIPPED_STYLES_DIR, StyleRegistry
 from .weights import load_generator
+
+if TYPE_CHECKING:  # importing it imports openvino, an optional extra
+    from .backends.openvino import OpenVINOBackend
 
 log = logging.getLogger("flask_animegan")
 
@@ -294,7 +297,7 @@ class InferenceEngine:
 
     def status(self) -> dict[str, Any]:
         loaded = self.pool.loaded_styles()
-        openvino = self.backends.get("openvino")
+        openvino = cast("OpenVINOBackend | None", self.backends.get("openvino"))
         return {
             "default_style": self.default_style,
             "installed": sorted(self.registry.installed),

@@ -65,7 +65,7 @@ def core() -> ov.Core:
 
 
 def version() -> str:
-    return ov.get_version()
+    return str(ov.get_version())
 
 
 def convert(network: nn.Module) -> ov.Model:
@@ -78,7 +78,9 @@ def convert(network: nn.Module) -> ov.Model:
         # tracing ourselves without the trace check takes a third of convert_model's own
         warnings.filterwarnings("ignore", r"`torch\.jit\.[a-z_]+` is deprecated", FutureWarning)
         # the trace sees GroupNorm's batch-size check; the batch is always 1 here
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        # (TracerWarning is public, though torch.jit does not re-export it for type checkers)
+        warnings.filterwarnings(
+            "ignore", category=torch.jit.TracerWarning)  # type: ignore[attr-defined]
         traced = network if isinstance(network, torch.jit.ScriptModule) else (
             torch.jit.trace(network, example, check_trace=False))
         model = ov.convert_model(traced, input=[ov.PartialShape([1, 3, -1, -1])])
