@@ -126,6 +126,20 @@ def check() -> None:
         raise CsrfFailed(REFUSED)
 
 
+def passes() -> bool:
+    """Whether this request would pass :func:`check` (never raises)."""
+    flask_wtf = _flask_wtf_csrf()
+    try:
+        check()
+    except CsrfFailed:
+        return False
+    except Exception as exc:  # noqa: BLE001 - Flask-WTF's refusal; anything else propagates
+        if flask_wtf is not None and isinstance(exc, flask_wtf.CSRFError):
+            return False
+        raise
+    return True
+
+
 def is_host_refusal(error: Exception) -> bool:
     """Whether ``error`` is Flask-WTF's refusal of a request (its ``CSRFError``)."""
     flask_wtf = _flask_wtf_csrf()

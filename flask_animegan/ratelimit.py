@@ -18,9 +18,10 @@ import logging
 import weakref
 from typing import Any
 
-from flask import Flask, current_app
+from flask import Flask, current_app, request
 from flask_limiter import ExemptionScope, Limiter
 
+from . import csrf
 from .clients import client_address
 from .config import Settings
 from .views import blueprint
@@ -64,6 +65,12 @@ def _limit_is_off() -> bool:
     return not current_app.extensions["animegan"].rate_limit
 
 
+def _form_post_to_refuse() -> bool:
+    """A form upload that its CSRF check will refuse is not counted (the view or Flask-WTF
+    answers 400): a page on another site must not spend a visitor's conversions."""
+    return request.endpoint == f"{blueprint.name}.upload" and not csrf.passes()
+
+
 def configure(limiter: Limiter) -> None:
     """Register our limit and exemptions on ``limiter`` (once per Limiter object)."""
     if limiter in _configured:
@@ -72,6 +79,7 @@ def configure(limiter: Limiter) -> None:
     limiter.exempt(blueprint, flags=ExemptionScope.DEFAULT | ExemptionScope.APPLICATION)
     limiter.shared_limit(_conversion_limit, scope=CONVERSIONS_SCOPE, methods=["POST"],
                          exempt_when=_limit_is_off)(blueprint)
+    limiter.request_filter(_form_post_to_refuse)
     _configured.add(limiter)
 
 

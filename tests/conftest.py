@@ -50,6 +50,9 @@ def make_app(models_dir: Path) -> Callable[..., Flask]:
             "ANIMEGAN_WARMUP_SIZE": 32,
             "ANIMEGAN_RATE_LIMIT": "",  # the rate-limit tests turn it on
             "ANIMEGAN_MAX_SIDE": 128,  # small images keep the suite fast
+            # only the test styles (each warm-up would load and sample toon_demo too);
+            # the shipped style's own tests turn it back on
+            "ANIMEGAN_SHIPPED_STYLES": False,
         })
         app.config.update(config)
         AnimeGAN(app)
