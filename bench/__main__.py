@@ -23,7 +23,7 @@ from flask_animegan.config import Settings
 from flask_animegan.engine import InferenceEngine
 from flask_animegan.process import configure_process
 
-from . import cache, ceilings, memory, model_speed, report, service, stages, targets
+from . import backends, cache, ceilings, memory, model_speed, report, service, stages, targets
 from .inputs import PHOTO_DESCRIPTION, REPO, jpeg, photo, prepare_weights
 from .plan import FULL, QUICK, Plan
 
@@ -57,13 +57,20 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
     machine = ceilings.machine_info()
     bf16 = machine["native_bf16"]
     weights = prepare_weights(workdir / "models")
-    # what ANIMEGAN_PRECISION=auto settles on here, exactly as the app does at startup
+    # what ANIMEGAN_BACKEND=auto and ANIMEGAN_PRECISION=auto settle on here, exactly as
+    # the app does at startup (filling the model cache the servers below start from)
+    model_cache = workdir / "model-cache"
     probe = InferenceEngine.from_settings(
-        weights.models_dir, Settings(default_style=weights.style, precision="auto"))
+        weights.models_dir, Settings(default_style=weights.style, precision="auto",
+                                     backend="auto", model_cache_dir=str(model_cache)))
     probe.prepare(256)
-    precision = probe.precision
+    precision, backend = probe.precision, probe.backend
     machine["precision_auto"] = precision
+    machine["backend_auto"] = backend
     machine["precision_timings_256px"] = probe.precision_timings
+    machine["backend_timings_256px"] = probe.timings
+    machine["backends_refused"] = probe.rejected
+    mode = model_speed.mode_of(backend, precision)
     del probe
     image = photo()
     data = jpeg(image)
@@ -85,7 +92,7 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
         style=weights.style, weights=weights.path, ceilings=ceiling, bf16=bf16), errors)
     results["stages"] = run_section("stages", lambda: stages.measure(
         data, size=plan.stage_size, runs=plan.stage_runs, models_dir=weights.models_dir,
-        style=weights.style, precision=precision), errors)
+        style=weights.style, precision=precision, backend=backend), errors)
 
     logs = workdir / "logs"
     logs.mkdir()
@@ -99,18 +106,22 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
         weights, data, plan, logs), errors)
     results["service"] = {"size": plan.service_size, "servers": servers, "overload": overload}
     if "error" not in servers["ours"]:
-        model_s = (model_speed.seconds_for(results["model"], plan.service_size, precision)
+        model_s = (model_speed.seconds_for(results["model"], plan.service_size, mode)
                    if "error" not in results["model"] else None)
         inference_ms = results["stages"].get("stages_ms", {}).get("inference")
         results["service"]["ratios"] = service.ratios(
             results["service"], max(plan.client_levels), model_s,
             inference_ms / 1000 if inference_ms else None)
-        results["service"]["ratios"]["model_mode"] = precision
+        results["service"]["ratios"]["model_mode"] = mode
 
     results["cache"] = run_section("cache", lambda: cache.measure(
         weights, image, size=plan.cache_size, repeats=plan.cache_repeats, log_dir=logs), errors)
     results["memory"] = run_section("memory", lambda: memory.measure(
         weights, data, plan, logs), errors)
+    results["backends"] = run_section("backends", lambda: backends.measure(
+        weights, [m for m in model_speed.modes(bf16) if m != model_speed.REFERENCE_MODE],
+        size=plan.backend_size, runs=plan.backend_runs, threads=ceilings.usable_cpus(),
+        workdir=workdir), errors)
     results["targets"] = targets.check(results)
     results["errors"] = errors
     results["duration_s"] = time.monotonic() - started

@@ -36,6 +36,8 @@ class Plan:
     memory_small_sizes: tuple[int, ...] = (64, 96, 128, 160, 192, 224, 256)
     memory_warmup: int = 20
     memory_requests: int = 500
+    backend_size: int = 512
+    backend_runs: int = 3
 
 
 FULL = Plan()
@@ -51,4 +53,5 @@ QUICK = Plan(
     cache_size=128, cache_repeats=1,
     memory_max_side=256, memory_large_requests=1, memory_small_sizes=(64, 96, 128),
     memory_warmup=3, memory_requests=10,
+    backend_size=128, backend_runs=1,
 )

@@ -29,6 +29,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _timings(timings: dict[str, float]) -> str:
+    return ", ".join(f"{name} {seconds:.3f} s" for name, seconds in timings.items())
+
+
 def _error(section: dict[str, Any]) -> str | None:
     """The line to print instead of a section that failed, or None."""
     return f"FAILED: {section['error']}" if "error" in section else None
@@ -38,7 +42,10 @@ def machine(results: dict[str, Any]) -> str:
     """Machine, weights and section 1 (ceilings)."""
     m, w, c = results["machine"], results["weights"], results.get("ceilings", {})
     lines = [f"## Machine\n{m['cpu_model']}, {m['usable_cpus']} usable CPUs, torch {m['torch']}, "
-             f"native bf16: {m['native_bf16']}, ANIMEGAN_PRECISION=auto -> {m['precision_auto']}",
+             f"native bf16: {m['native_bf16']}, ANIMEGAN_BACKEND=auto and ANIMEGAN_PRECISION=auto -> "
+             f"{m.get('backend_auto', 'torch')} {m['precision_auto']}"
+             + (f" (timed at 256 px: {_timings(m['backend_timings_256px'])})"
+                if m.get("backend_timings_256px") else ""),
              f"weights: {w['source']}"]
     if m["load_average_1m_at_start"] >= 0.5:
         lines.append(f"WARNING: the 1-minute load average was {m['load_average_1m_at_start']:.1f} at "
@@ -60,9 +67,12 @@ def model(results: dict[str, Any]) -> str:
         return f"{head}\n{_error(section)}"
     rows = [[r["size"], r["mode"], num(section["gflop"][str(r["size"])]), num(r["seconds"], 3),
              r["runs"], num(r["gflops"], 1), pct(r["ceiling_fraction"]),
-             num(r["speedup_vs_fp32_nchw"]) + "x"] for r in section["results"]]
-    return f"{head}\n" + table(["size", "mode", "GFLOP", "s", "runs", "GFLOP/s", "of ceiling",
-                                "vs fp32-nchw"], rows)
+             num(r["speedup_vs_fp32_nchw"]) + "x", num(r.get("vs_best_torch")) + "x"]
+            for r in section["results"]]
+    return (f"{head}\n" + table(["size", "mode", "GFLOP", "s", "runs", "GFLOP/s", "of ceiling",
+                                 "vs fp32-nchw", "s vs best torch"], rows)
+            + "\nModes are timed in turns (one run of each per round), so ratios within a size "
+              "come from the same moments of the machine.")
 
 
 def stages(results: dict[str, Any]) -> str:
@@ -72,12 +82,17 @@ def stages(results: dict[str, Any]) -> str:
     if _error(section):
         return f"{head} anime\n{_error(section)}"
     head += (f" {section['size']} long side ({section['output_size'][0]}x{section['output_size'][1]}),"
-             f" {section['precision']}, median of {section['runs']}")
+             f" {section.get('backend', 'torch')} {section['precision']}, median of {section['runs']}")
     rows = [[stage, num(ms), pct(section["share"][stage])]
             for stage, ms in section["stages_ms"].items()]
     rows.append(["total", num(section["total_ms"]), ""])
     rows.append(["non-inference", num(section["total_ms"] - section["stages_ms"]["inference"]),
                  pct(section["non_inference_share"])])
+    if "model_ms" in section:
+        rows.append(["the model alone (same input)", num(section["model_ms"]),
+                     pct(section["model_ms"] / section["total_ms"])])
+        rows.append(["outside the model", num(section["outside_model_ms"]),
+                     pct(section["outside_model_share"])])
     encode = [[fmt, num(e["ms"]), e["bytes"]] for fmt, e in section["encode"].items()]
     return (f"{head}\n" + table(["stage", "ms", "share"], rows)
             + f"\n\nEncode cost of the result (quality {section['encode_quality']}):\n"
@@ -156,6 +171,26 @@ def memory(results: dict[str, Any]) -> str:
             + f"\ngrowth {num(section['rss_growth_pct'])} %; statuses {section['small_statuses']}")
 
 
+def backends(results: dict[str, Any]) -> str:
+    """Section 7: each backend's start, first inference and memory."""
+    section = results.get("backends")
+    head = "## 7. Backends: start, first inference, memory (fresh process each)"
+    if not section:
+        return f"{head}\nnot measured"
+    if _error(section):
+        return f"{head}\n{_error(section)}"
+    rows = [[r["mode"], r["start"], num(r["process_s"]), num(r["prepare_s"]),
+             num(r["first_s"], 3), num(r["steady_s"], 3), num(r["first_vs_steady"]),
+             num(r["steady_vs_torch_fp32"]), num(r["rss_ready_mib"], 0), num(r["VmHWM_end_mib"], 0),
+             num(r["rss_vs_torch"])] for r in section["rows"]]
+    return (f"{head}, {section['size']}x{section['size']} px\n"
+            + table(["mode", "model cache", "process s", "prepare s", "first s", "steady s",
+                     "first/steady", "steady vs torch fp32", "RSS ready MiB", "peak MiB",
+                     "RSS vs torch"], rows)
+            + "\nprepare: load, convert and compile (OpenVINO), fidelity check and a 256 px "
+              "warm-up; cold: empty model cache, warm: the same cache again.")
+
+
 def targets(results: dict[str, Any]) -> str:
     """The targets table."""
     rows = [[t["target"], t["goal"], num(t["measured"], 3),
@@ -166,7 +201,7 @@ def targets(results: dict[str, Any]) -> str:
 def render(results: dict[str, Any]) -> str:
     """The whole report as text."""
     blocks = [f"# flask-animegan benchmark{' (--quick: smoke sizes, not the real figures)' if results['quick'] else ''}"]
-    for part in (machine, model, stages, service, cache, memory, targets):
+    for part in (machine, model, stages, service, cache, memory, backends, targets):
         blocks.append(part(results))
     blocks.append(f"Took {results['duration_s']:.0f} s.")
     return "\n\n".join(blocks)

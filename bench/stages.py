@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 from flask_animegan import imaging
@@ -22,9 +24,10 @@ STAGES = ("decode", "inference", "encode")
 ENCODE_FORMATS = ("jpeg", "webp", "png")
 
 
-def make_pipeline(models_dir: Path, style: str, precision: str) -> Pipeline:
+def make_pipeline(models_dir: Path, style: str, precision: str,
+                  backend: str = "torch") -> Pipeline:
     """The service's pipeline without a cache, decoding in helper processes as served."""
-    settings = Settings(default_style=style, precision=precision)
+    settings = Settings(default_style=style, precision=precision, backend=backend)
     engine = InferenceEngine.from_settings(models_dir, settings)
     decoder = Decoder.from_settings(settings)
     decoder.start()
@@ -32,23 +35,31 @@ def make_pipeline(models_dir: Path, style: str, precision: str) -> Pipeline:
 
 
 def pipeline_once(pipeline: Pipeline, data: bytes, size: int) -> tuple[dict[str, float], Any, bytes]:
-    """Convert ``data`` once as the service does; return ms per stage, the result image, the file."""
+    """Convert ``data`` once as the service does, then time the bare model on the same
+    fitted input; return ms per stage (and ``model``), the result image, the file."""
     style = pipeline.engine.style(None)
     conversion = pipeline.convert(data, style, size, "jpeg")
     ms = {"decode": conversion.timings["decode"], "inference": conversion.timings["infer"],
           "encode": conversion.timings["encode"]}
+    engine = pipeline.engine
+    pixels = np.array(conversion.input_image)
+    started = time.perf_counter()
+    engine.forward(engine.runner(style.name), pixels)
+    ms["model"] = (time.perf_counter() - started) * 1000
     result = Image.open(io.BytesIO(conversion.data)).convert("RGB")
     return ms, result, conversion.data
 
 
 def measure(data: bytes, *, size: int, runs: int, models_dir: Path, style: str,
-            precision: str) -> dict[str, Any]:
-    """Median ms and share per stage of ``runs`` conversions (after one warm-up), plus encode costs."""
-    pipeline = make_pipeline(models_dir, style, precision)
+            precision: str, backend: str = "torch") -> dict[str, Any]:
+    """Median ms and share per stage of ``runs`` conversions (after one warm-up), the bare
+    model's ms on the same input (the share outside the model), plus encode costs."""
+    pipeline = make_pipeline(models_dir, style, precision, backend)
     quality = pipeline.quality
-    pipeline_once(pipeline, data, size)  # warm-up: oneDNN primitives for this shape
+    pipeline_once(pipeline, data, size)  # warm-up: kernels for this shape
     laps = [pipeline_once(pipeline, data, size) for _ in range(runs)]
     stage_ms = {stage: median([ms[stage] for ms, _, _ in laps]) for stage in STAGES}
+    model_ms = median([ms["model"] for ms, _, _ in laps])
     total = sum(stage_ms.values())
     _, result, encoded = laps[-1]
     encode = {}
@@ -57,10 +68,14 @@ def measure(data: bytes, *, size: int, runs: int, models_dir: Path, style: str,
         encode[fmt] = {"ms": median(seconds) * 1000,
                        "bytes": len(imaging.encode(result, fmt, quality))}
     return {
-        "size": size, "precision": precision, "runs": runs, "input_bytes": len(data),
+        "size": size, "precision": precision, "backend": backend, "runs": runs,
+        "input_bytes": len(data),
         "output_size": list(result.size), "output_jpeg_bytes": len(encoded),
         "stages_ms": stage_ms, "total_ms": total,
         "share": {stage: ms / total for stage, ms in stage_ms.items()},
         "non_inference_share": (total - stage_ms["inference"]) / total,
+        "model_ms": model_ms,
+        "outside_model_ms": total - model_ms,
+        "outside_model_share": (total - model_ms) / total,
         "encode_quality": quality, "encode": encode,
     }

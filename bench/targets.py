@@ -28,6 +28,21 @@ def _get(results: dict[str, Any], *keys: str) -> Any:
     return value
 
 
+def _best_backend_vs_torch(results: dict[str, Any], size: int) -> float | None:
+    """The fastest non-torch mode's model time over the best torch eager mode's, at ``size``."""
+    rows = [r for r in results.get("model", {}).get("results", ()) if r["size"] == size]
+    torch_s = [r["seconds"] for r in rows if r["mode"] in ("fp32-nchw", "fp32", "bf16")]
+    other_s = [r["seconds"] for r in rows if r["mode"].startswith("openvino-")]
+    return min(other_s) / min(torch_s) if torch_s and other_s else None
+
+
+def _backend_rows(results: dict[str, Any], key: str) -> float | None:
+    """The worst ``key`` over the OpenVINO rows of section 7 that started warm."""
+    rows = [r for r in _get(results, "backends", "rows") or ()
+            if r["mode"].startswith("openvino-") and r["start"] == "warm" and r.get(key)]
+    return max(r[key] for r in rows) if rows else None
+
+
 def check(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target: what it asks, the goal, the measured value and pass/miss."""
     sizes = results["plan"]["model_sizes"]
@@ -46,9 +61,20 @@ def check(results: dict[str, Any]) -> list[dict[str, Any]]:
             (f"model bf16 at {small}px, fraction of bf16 ceiling", AT_LEAST, 0.85,
              _model_fraction(results, small, "bf16")),
         ]
+    bf16 = bool(_get(results, "machine", "native_bf16"))
+    for side in sorted({large, max(sizes)}):
+        rows.append((f"fastest OpenVINO mode vs best torch eager, model at {side}px"
+                     f" ({'native bf16' if bf16 else 'no native bf16: fp32'})", AT_MOST,
+                     0.75 if bf16 else 0.85, _best_backend_vs_torch(results, side)))
     rows += [
         ("1080x1350 JPEG end to end: non-inference share", AT_MOST, 0.10,
          _get(results, "stages", "non_inference_share")),
+        (f"1080x1350 JPEG to {_get(results, 'stages', 'size')}px: share outside the model",
+         AT_MOST, 0.05, _get(results, "stages", "outside_model_share")),
+        ("OpenVINO, warm-cache restart: first inference vs steady", AT_MOST, 1.5,
+         _backend_rows(results, "first_vs_steady")),
+        ("OpenVINO, warm-cache restart: worker RSS vs torch's", AT_MOST, 1.3,
+         _backend_rows(results, "rss_vs_torch")),
         (f"throughput at {top} clients x model time (vs 1/model time)", AT_LEAST, 0.9,
          _get(results, "service", "ratios", "throughput_x_model_s")),
         (f"throughput at {top} clients vs baseline (a) original", AT_LEAST, 4.0,

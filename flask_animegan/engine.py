@@ -7,6 +7,8 @@ reports its state.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import threading
 import time
@@ -187,6 +189,7 @@ class InferenceEngine:
             assert loaded is not None
             if warmup_size > 0:
                 self.forward(loaded.runner, np.zeros((warmup_size, warmup_size, 3), np.uint8))
+            _give_back_memory(loaded.runner)
             self.prepared = True
             log.info("flask_animegan: style %r loaded (%s%s) and warmed up in %.2f s",
                      self.default_style, self.serving(loaded), self._describe_choice(),
@@ -320,6 +323,17 @@ class InferenceEngine:
             **({"openvino": openvino.status()} if openvino is not None else {}),
             **self.gate.status(),
         }
+
+
+def _give_back_memory(runner: Runner) -> None:
+    """After the start's timings and checks: OpenVINO's buffers for the warm-up shape and
+    the heap that torch's candidates used go back to the system (worker RSS); the
+    first request makes the buffers it needs again."""
+    release = getattr(runner, "release_memory", None)
+    if release is not None:
+        release()
+    with contextlib.suppress(OSError, AttributeError):  # glibc only
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def model_cache_dir(settings: Settings) -> Path | None:
