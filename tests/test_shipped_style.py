@@ -125,7 +125,7 @@ def convert(client, query: str = ""):
 
 
 def test_the_shipped_style_is_served_besides_the_models_folder_and_after_it(make_app):
-    app = make_app()
+    app = make_app(ANIMEGAN_SHIPPED_STYLES=True)
     client = app.test_client()
     styles = styles_by_name(client)
     assert styles["toon_demo"]["installed"] and not styles["toon_demo"]["default"]
@@ -136,7 +136,8 @@ def test_the_shipped_style_is_served_besides_the_models_folder_and_after_it(make
 
 
 def test_with_an_empty_models_folder_the_shipped_style_is_the_default(make_app, tmp_path):
-    client = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path / "none-yet")).test_client()
+    client = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path / "none-yet"),
+                      ANIMEGAN_SHIPPED_STYLES=True).test_client()
     assert [name for name, s in styles_by_name(client).items() if s["installed"]] == ["toon_demo"]
     response = convert(client)
     assert response.status_code == 200 and response.headers["X-AnimeGAN-Style"] == "toon_demo"
@@ -145,7 +146,7 @@ def test_with_an_empty_models_folder_the_shipped_style_is_the_default(make_app, 
 def test_a_file_of_the_same_name_in_the_models_folder_replaces_the_shipped_style(make_app,
                                                                                  tmp_path):
     own = save_random_generator(tmp_path / "toon_demo.pt", seed=3)
-    app = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path))
+    app = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path), ANIMEGAN_SHIPPED_STYLES=True)
     assert app.extensions["animegan"].engine.styles["toon_demo"].path == own
 
 
