@@ -47,8 +47,8 @@ def parse_styles(output: str) -> dict[str, list[str]]:
 
 # -- styles -------------------------------------------------------------------------
 
-def test_styles_lists_installed_and_pullable_styles(app: Flask) -> None:
-    result = invoke(app, "styles")
+def test_styles_lists_installed_and_pullable_styles(make_app: Callable[..., Flask]) -> None:
+    result = invoke(make_app(ANIMEGAN_SHIPPED_STYLES=True), "styles")
     assert result.exit_code == 0, result.output
     blocks = parse_styles(result.output)
     assert set(blocks) == {"test_style", "other_style", "toon_demo", *OFFICIAL_STYLES}
