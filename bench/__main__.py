@@ -99,6 +99,11 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
     servers: dict[str, Any] = {}
     servers["ours"] = run_section("service: ours", lambda: service.measure_ours(
         weights, data, plan, logs), errors)
+    backend_served = servers["ours"].get("backend", "torch")
+    if plan.service_torch_too and backend_served != "torch":
+        # the same server forced onto torch, for the backends' service comparison
+        servers["ours-torch"] = run_section("service: ours on torch", lambda: (
+            service.measure_ours(weights, data, plan, logs, backend="torch")), errors)
     for name in service.BASELINES:
         servers[name] = run_section(f"service: baseline {name}", lambda name=name: (
             service.measure_baseline(name, weights, data, plan, logs)), errors)

@@ -36,6 +36,7 @@ class Plan:
     memory_small_sizes: tuple[int, ...] = (64, 96, 128, 160, 192, 224, 256)
     memory_warmup: int = 20
     memory_requests: int = 500
+    service_torch_too: bool = True  # also serve with ANIMEGAN_BACKEND=torch when auto is not
     backend_size: int = 512
     backend_runs: int = 3
 
@@ -53,5 +54,5 @@ QUICK = Plan(
     cache_size=128, cache_repeats=1,
     memory_max_side=256, memory_large_requests=1, memory_small_sizes=(64, 96, 128),
     memory_warmup=3, memory_requests=10,
-    backend_size=128, backend_runs=1,
+    service_torch_too=False, backend_size=128, backend_runs=1,
 )

@@ -133,8 +133,10 @@ def service(results: dict[str, Any]) -> str:
                      f"{num(overload['max_200_s'])} s")
     r = section.get("ratios", {})
     if r:
+        torch_too = (f"ours/ours-torch {num(r['throughput_vs_ours_torch'])}x, "
+                     if r.get("throughput_vs_ours_torch") else "")
         parts.append(f"- at {r['clients']} clients: ours/original {num(r['throughput_vs_original'])}x, "
-                     f"ours/optimized {num(r['throughput_vs_optimized'])}x, "
+                     f"ours/optimized {num(r['throughput_vs_optimized'])}x, {torch_too}"
                      f"ours x model time {num(r['throughput_x_model_s'])}, "
                      f"ours x inference time of this photo {num(r['throughput_x_photo_inference_s'])}")
     return "\n".join(parts)

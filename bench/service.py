@@ -49,11 +49,15 @@ def load_runs(server: servers.GunicornServer, url: str, data: bytes, levels: tup
     return runs
 
 
-def measure_ours(weights: Weights, data: bytes, plan: Plan, log_dir: Path) -> dict[str, Any]:
-    """Ours with a queue deep enough for every client: first request, then each load level."""
+def measure_ours(weights: Weights, data: bytes, plan: Plan, log_dir: Path,
+                 backend: str = "auto") -> dict[str, Any]:
+    """Ours with a queue deep enough for every client: first request, then each load level.
+    ``backend``: ANIMEGAN_BACKEND (auto, as served by default, or one forced)."""
     settings = {"ANIMEGAN_MAX_QUEUE": str(plan.throughput_queue),
-                "ANIMEGAN_THREADS": str(plan.throughput_threads)}
-    with servers.ours("ours", ours_env(weights, **settings), log_dir) as server:
+                "ANIMEGAN_THREADS": str(plan.throughput_threads),
+                "ANIMEGAN_BACKEND": backend}
+    name = "ours" if backend == "auto" else f"ours-{backend}"
+    with servers.ours(name, ours_env(weights, **settings), log_dir) as server:
         url = f"{server.url}/animegan/convert?size={plan.service_size}"
         first = convert(url, data, timeout=600, retry=False)
         runs = load_runs(server, url, data, plan.client_levels, plan.per_client)
@@ -113,6 +117,8 @@ def ratios(result: dict[str, Any], top: int, model_s: float | None,
     for name in BASELINES:
         other = run_at(result["servers"].get(name, {}), top)
         found[f"throughput_vs_{name}"] = ratio(throughput, other and other["throughput_per_s"])
+    torch_top = run_at(result["servers"].get("ours-torch", {}), top)
+    found["throughput_vs_ours_torch"] = ratio(throughput, torch_top and torch_top["throughput_per_s"])
     found["throughput_x_model_s"] = throughput * model_s if throughput and model_s else None
     found["throughput_x_photo_inference_s"] = (throughput * photo_inference_s
                                                if throughput and photo_inference_s else None)

@@ -144,7 +144,7 @@ class InferenceEngine:
         return self._loaded(style.path, load_generator(style.path), self.choice)
 
     def _loaded(self, path: Path, network: nn.Module, choice: Choice) -> LoadedStyle:
-        if (choice.backend, choice.precision) == REFERENCE or choice.backend not in self.backends:
+        if choice == REFERENCE or choice.backend not in self.backends:
             return LoadedStyle(network, TorchRunner(network, "fp32"))
         if choice.backend == "torch":
             # the guard's reference needs fp32 weights; the runner converts them in place
@@ -163,8 +163,7 @@ class InferenceEngine:
                     f"photos (needs {MIN_PSNR_DB:g}); torch fp32 used")
             log.warning("flask_animegan: style %s: %s", path.stem, note)
             return LoadedStyle(reference.network, reference, fidelity_db=value, note=note)
-        return LoadedStyle(getattr(candidate, "network", network), candidate,
-                           fidelity_db=round(value, 1))
+        return LoadedStyle(network, candidate, fidelity_db=round(value, 1))
 
     # -- getting ready ---------------------------------------------------------------
     def prepare(self, warmup_size: int) -> tuple[nn.Module | None, str | None]:
@@ -225,24 +224,26 @@ class InferenceEngine:
                 continue
             # others read the pinned fp32 network (OpenVINO converts a copy); torch
             # converts its network in place, so it gets its own
-            reuse = self.choice == Choice(*REFERENCE) and choice.backend != "torch"
+            reuse = self.choice == REFERENCE and choice.backend != "torch"
             network = pinned.network if reuse else load_generator(default.path)
             loaded[choice] = self._loaded(default.path, network, choice)
         usable = {choice: style for choice, style in loaded.items() if style.note is None}
         self.rejected = {str(choice): style.note for choice, style in loaded.items()
                          if style.note is not None}
-        order, timings = fastest({str(c): s.runner for c, s in usable.items()}, side)
-        self.timings = timings
-        best = next(c for c in usable if str(c) == order[0])
-        self.choice = best
-        self.pool.replace_pinned(usable[best])
+        if not usable:  # every candidate refused: the reference serves
+            usable = {REFERENCE: self._loaded(default.path, load_generator(default.path),
+                                              REFERENCE)}
+        if len(usable) > 1:
+            order, self.timings = fastest({str(c): s.runner for c, s in usable.items()}, side)
+            self.choice = next(c for c in usable if str(c) == order[0])
+        else:
+            self.choice = next(iter(usable))
+        self.pool.replace_pinned(usable[self.choice])
 
     def _describe_choice(self) -> str:
-        if not self.timings:
-            return ""
         timed = ", ".join(f"{name} {seconds:.3f} s" for name, seconds in self.timings.items())
         refused = "".join(f"; refused {name}: {why}" for name, why in self.rejected.items())
-        return f"; auto timed {timed}{refused}"
+        return (f"; auto timed {timed}" if timed else "") + refused
 
     @staticmethod
     def serving(loaded: LoadedStyle) -> str:

@@ -23,8 +23,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
 BACKENDS = ("torch", "openvino")
-#: The runner every other one is checked against, and the one used when they fail.
-REFERENCE = ("torch", "fp32")
 INSTALL_HINT = "pip install 'flask-animegan[openvino]'"
 
 
@@ -61,6 +59,10 @@ class Choice:
 
     def __str__(self) -> str:
         return f"{self.backend} {self.precision}"
+
+
+#: What every other choice is checked against, and what a style falls back to.
+REFERENCE = Choice("torch", "fp32")
 
 
 def to_pixels(output: np.ndarray) -> np.ndarray | None:
