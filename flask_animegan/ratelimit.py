@@ -20,6 +20,7 @@ from typing import Any
 
 from flask import Flask, current_app, request
 from flask_limiter import ExemptionScope, Limiter
+from werkzeug.exceptions import HTTPException
 
 from . import csrf
 from .clients import client_address
@@ -68,7 +69,14 @@ def _limit_is_off() -> bool:
 def _form_post_to_refuse() -> bool:
     """A form upload that its CSRF check will refuse is not counted (the view or Flask-WTF
     answers 400): a page on another site must not spend a visitor's conversions."""
-    return request.endpoint == f"{blueprint.name}.upload" and not csrf.passes()
+    if request.endpoint != f"{blueprint.name}.upload":
+        return False
+    try:
+        return not csrf.passes()
+    except HTTPException:
+        # the form cannot be read (too large, too many parts): counted, and the view
+        # answers. Raised from here, flask-limiter would take it for a storage outage.
+        return False
 
 
 def configure(limiter: Limiter) -> None:

@@ -228,3 +228,20 @@ def test_a_switch_with_an_unclear_value_says_which_values_work():
 
     with pytest.raises(ValueError, match="ANIMEGAN_CSRF='maybe' must be one of 1, true"):
         from_environ({"ANIMEGAN_CSRF": "maybe"})
+
+
+def test_an_unreadable_form_is_counted_and_leaves_the_limit_storage_alone(models_dir):
+    """A form too large to read gets 413 and counts as a conversion attempt; reading it for
+    the CSRF check must not look like a storage failure to flask-limiter (which would then
+    fall back to per-process counts)."""
+    app = base_app(models_dir, ANIMEGAN_RATE_LIMIT="2 per minute", SECRET_KEY="s",
+                   ANIMEGAN_MAX_UPLOAD_BYTES=1000)
+    AnimeGAN(app)
+    client = app.test_client()
+    big = {"image": (io.BytesIO(b"x" * 5000), "a.jpg")}
+    assert client.post("/animegan/upload", data=big).status_code == 413
+    limiter = app.extensions["animegan"].limiter
+    assert limiter._storage_dead is False  # flask-limiter's outage flag
+    statuses = [client.post("/animegan/convert", data=photo_bytes("coffee"),
+                            content_type="image/jpeg").status_code for _ in range(2)]
+    assert statuses == [413, 429]  # the 413 form counted: one conversion was left
