@@ -1,4 +1,4 @@
-"""Section 7: each backend's start (cold and warm model cache), first inference and memory.
+"""Section 7: each backend's start (cold and warm model cache), first conversion and memory.
 
 Every row is a fresh process that builds the package's engine with one backend and
 precision, prepares it (load, convert and compile for OpenVINO, warm-up inference)
@@ -38,10 +38,13 @@ def rss_mib() -> dict[str, float]:
 
 def child(mode: str, cache: str, models_dir: str, style: str, size: int, runs: int,
           threads: int) -> dict[str, Any]:
-    """In a fresh process: import, prepare, then ``runs`` + 1 conversions at ``size``."""
+    """In a fresh process: import, prepare, ``runs`` + 1 conversions at ``size`` (engine.run),
+    then the memory once idle."""
     started = time.perf_counter()
     import numpy as np
+    from PIL import Image
 
+    from flask_animegan.engine import IDLE_RELEASE_S
     from flask_animegan.process import configure_process
 
     from .model_speed import engine_for
@@ -52,19 +55,22 @@ def child(mode: str, cache: str, models_dir: str, style: str, size: int, runs: i
     engine.prepare(256)
     ready = time.perf_counter()
     at_ready = rss_mib()
-    pixels = np.random.default_rng(size).integers(0, 256, (size, size, 3), dtype=np.uint8)
-    runner = engine.runner(style)
+    picture = Image.fromarray(
+        np.random.default_rng(size).integers(0, 256, (size, size, 3), dtype=np.uint8))
     seconds = []
     for _ in range(runs + 1):
         began = time.perf_counter()
-        engine.forward(runner, pixels)
+        engine.run(picture, style)
         seconds.append(time.perf_counter() - began)
+    served = rss_mib()
+    time.sleep(IDLE_RELEASE_S + 1)  # OpenVINO gives its buffers back when idle
     status = engine.status()
     return {
         "mode": mode, "serving": status["styles_backend"].get(style),
         "import_s": imported - started, "prepare_s": ready - imported,
         "first_s": seconds[0], "steady_s": median(seconds[1:]),
-        "rss_ready_mib": at_ready["VmRSS"], **{f"{k}_end_mib": v for k, v in rss_mib().items()},
+        "rss_ready_mib": at_ready["VmRSS"], "rss_served_mib": served["VmRSS"],
+        "rss_idle_mib": rss_mib()["VmRSS"], "peak_mib": served["VmHWM"],
         "openvino": status.get("openvino", {}).get("loads"),
     }
 
@@ -98,7 +104,8 @@ def measure(weights: Any, modes: list[str], *, size: int, runs: int, threads: in
     torch_row = next((r for r in rows if r["mode"] == "fp32"), None)
     for row in rows:
         row["first_vs_steady"] = ratio(row["first_s"], row["steady_s"])
-        row["rss_vs_torch"] = ratio(row["rss_ready_mib"], torch_row and torch_row["rss_ready_mib"])
+        for key in ("rss_ready_mib", "rss_served_mib", "rss_idle_mib", "peak_mib"):
+            row[f"{key[:-4]}_vs_torch"] = ratio(row[key], torch_row and torch_row[key])
         row["steady_vs_torch_fp32"] = ratio(row["steady_s"], torch_row and torch_row["steady_s"])
     return {"size": size, "runs": runs, "rows": rows}
 

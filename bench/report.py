@@ -183,14 +183,17 @@ def backends(results: dict[str, Any]) -> str:
         return f"{head}\n{_error(section)}"
     rows = [[r["mode"], r["start"], num(r["process_s"]), num(r["prepare_s"]),
              num(r["first_s"], 3), num(r["steady_s"], 3), num(r["first_vs_steady"]),
-             num(r["steady_vs_torch_fp32"]), num(r["rss_ready_mib"], 0), num(r["VmHWM_end_mib"], 0),
-             num(r["rss_vs_torch"])] for r in section["rows"]]
+             num(r["steady_vs_torch_fp32"]),
+             *(f"{num(r[k + '_mib'], 0)} ({num(r[k + '_vs_torch'])}x)"
+               for k in ("rss_ready", "rss_served", "rss_idle", "peak"))]
+            for r in section["rows"]]
     return (f"{head}, {section['size']}x{section['size']} px\n"
             + table(["mode", "model cache", "process s", "prepare s", "first s", "steady s",
-                     "first/steady", "steady vs torch fp32", "RSS ready MiB", "peak MiB",
-                     "RSS vs torch"], rows)
+                     "first/steady", "steady vs torch fp32", "RSS ready MiB (vs torch)",
+                     "RSS served", "RSS idle", "peak"], rows)
             + "\nprepare: load, convert and compile (OpenVINO), fidelity check and a 256 px "
-              "warm-up; cold: empty model cache, warm: the same cache again.")
+              "warm-up; cold: empty model cache, warm: the same cache again; RSS served: "
+              "after the conversions, idle: a few seconds later (OpenVINO gives its buffers back).")
 
 
 def targets(results: dict[str, Any]) -> str:

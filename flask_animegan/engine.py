@@ -26,7 +26,7 @@ from .backends.fidelity import MIN_PSNR_DB, fidelity_db
 from .backends.torch import TorchRunner
 from .catalog import StyleInfo
 from .config import Settings
-from .errors import StyleUnavailable, UnknownStyle
+from .errors import Overloaded, StyleUnavailable, UnknownStyle
 from .gate import InferenceGate
 from .models import LoadedStyle, ModelPool
 from .precision import DTYPES, fastest
@@ -40,6 +40,10 @@ log = logging.getLogger("flask_animegan")
 
 #: Smallest side the network accepts; smaller inputs are edge-padded, then cropped back.
 MIN_SIDE = 16
+#: Seconds without a conversion after which OpenVINO's buffers (sized for the largest
+#: picture so far: ~0.4 GB at 512 px, ~1.2 GB at 1024 px) go back to the system. Not
+#: after each conversion: making them again costs ~15 % of the next one.
+IDLE_RELEASE_S = 3.0
 
 
 class EngineEvents(Protocol):
@@ -84,6 +88,8 @@ class InferenceEngine:
         self.gate = InferenceGate(max_queue=max_queue, queue_timeout=queue_timeout, events=events)
         self._prepare_lock = threading.Lock()
         self.prepared = False
+        self._release_lock = threading.Lock()
+        self._release_timer: threading.Timer | None = None
 
     @classmethod
     def from_settings(cls, models_dir: Path, settings: Settings, *,
@@ -282,12 +288,32 @@ class InferenceEngine:
             started = time.perf_counter()
             out = self.forward(loaded.runner, pixels)
             self.gate.record(time.perf_counter() - started, image.width * image.height)
+        self._release_when_idle(loaded.runner)
         result = to_pixels(out)
         if result is None:
             # never return (or cache) what broken weights make of a photo
             raise StyleUnavailable(self.pool.mark_broken(
                 chosen, f"{chosen.path}: the network's output is not finite (NaN or inf)"))
         return Image.fromarray(result)
+
+    def _release_when_idle(self, runner: Runner) -> None:
+        """Give OpenVINO's buffers back once no conversion has run for IDLE_RELEASE_S."""
+        if not hasattr(runner, "release_memory"):
+            return
+        with self._release_lock:
+            if self._release_timer is not None:
+                self._release_timer.cancel()
+            self._release_timer = threading.Timer(IDLE_RELEASE_S, self._release_now)
+            self._release_timer.daemon = True
+            self._release_timer.start()
+
+    def _release_now(self) -> None:
+        try:
+            with self.gate.slot():  # never while a conversion runs
+                for loaded in self.pool.loaded_styles().values():
+                    _give_back_memory(loaded.runner)
+        except Overloaded:
+            pass  # busy after all: the next idle moment will do
 
     def forward(self, runner: Runner, pixels: np.ndarray) -> np.ndarray:
         """Run ``runner`` on uint8 (H, W, 3) pixels, edge-padding sides under MIN_SIDE and

@@ -71,8 +71,9 @@ def version() -> str:
 def convert(network: nn.Module) -> ov.Model:
     """``network`` (float32 torch generator) as an OpenVINO model: uint8 (1, H, W, 3) RGB
     in, float32 (1, H, W, 3) in about [-1, 1] out, H and W dynamic."""
-    # a copy: the caller's network may be serving (channels-last) at the same time
-    network = copy.deepcopy(network).float().to(memory_format=torch.contiguous_format)
+    if not isinstance(network, torch.jit.ScriptModule):  # TorchScript files are fp32 already
+        # a copy: the caller's network may be serving (channels-last) at the same time
+        network = copy.deepcopy(network).float().to(memory_format=torch.contiguous_format)
     example = torch.zeros(1, 3, TRACE_SIDE, TRACE_SIDE)
     with warnings.catch_warnings(), torch.no_grad():
         # tracing ourselves without the trace check takes a third of convert_model's own
