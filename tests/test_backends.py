@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -205,3 +206,18 @@ def _listing(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``folder`` (lock files aside) as ``/relative/path``: (size, mtime)."""
     return {f"/{p.relative_to(folder)}": (p.stat().st_size, p.stat().st_mtime_ns)
             for p in folder.rglob("*") if p.is_file() and p.suffix != ".lock"}
+
+
+def test_openvino_buffers_go_back_once_idle(model_cache, monkeypatch):
+    need(HAVE_OPENVINO, NEED_OPENVINO)
+    monkeypatch.setattr("flask_animegan.engine.IDLE_RELEASE_S", 0.3)
+    engine = shipped_engine("openvino", "fp32", model_cache)
+    runner = engine.runner()
+    released = []
+    monkeypatch.setattr(runner, "release_memory", lambda: released.append(True))
+    picture = sized("chelsea", "123x77")
+    for _ in range(3):  # back to back: the buffers stay
+        engine.run(picture)
+    assert released == []
+    time.sleep(1.0)
+    assert released == [True]  # once, after the last one
