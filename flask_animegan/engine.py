@@ -358,7 +358,10 @@ def _give_back_memory(runner: Runner) -> None:
     first request makes the buffers it needs again."""
     release = getattr(runner, "release_memory", None)
     if release is not None:
-        release()
+        # another app of this process may be running the same compiled model: then
+        # OpenVINO refuses (RuntimeError), and its buffers stay until the next idle moment
+        with contextlib.suppress(RuntimeError):
+            release()
     with contextlib.suppress(OSError, AttributeError):  # glibc only
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
