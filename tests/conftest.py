@@ -37,8 +37,14 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def openvino_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where test apps keep OpenVINO's converted models (never the user's ~/.cache)."""
+    return tmp_path_factory.mktemp("model-cache")
+
+
 @pytest.fixture
-def make_app(models_dir: Path) -> Callable[..., Flask]:
+def make_app(models_dir: Path, openvino_cache: Path) -> Callable[..., Flask]:
     """Build a fresh Flask app with AnimeGAN, warmed up as under gunicorn; keyword
     arguments become config."""
 
@@ -53,6 +59,10 @@ def make_app(models_dir: Path) -> Callable[..., Flask]:
             # only the test styles (each warm-up would load and sample toon_demo too);
             # the shipped style's own tests turn it back on
             "ANIMEGAN_SHIPPED_STYLES": False,
+            # torch: timing every backend at each app's warm-up would cost the suite
+            # minutes; tests/test_backends.py and the real-gunicorn tests run `auto`
+            "ANIMEGAN_BACKEND": "torch",
+            "ANIMEGAN_MODEL_CACHE_DIR": str(openvino_cache),
         })
         app.config.update(config)
         AnimeGAN(app)

@@ -101,7 +101,7 @@ def test_auto_picks_the_fastest_candidate_and_says_so(make_app, model_cache, cap
     need(HAVE_OPENVINO, NEED_OPENVINO)
     with caplog.at_level(logging.INFO, logger="flask_animegan"):
         app = make_app(ANIMEGAN_MODEL_CACHE_DIR=str(model_cache), ANIMEGAN_SHIPPED_STYLES=False,
-                       ANIMEGAN_DEFAULT_STYLE="test_style")
+                       ANIMEGAN_DEFAULT_STYLE="test_style", ANIMEGAN_BACKEND="auto")
     health = app.test_client().get("/animegan/healthz").json
     timings = health["backend_timings"]
     assert {"torch fp32", "openvino fp32"} <= set(timings)
