@@ -358,10 +358,7 @@ def _give_back_memory(runner: Runner) -> None:
     first request makes the buffers it needs again."""
     release = getattr(runner, "release_memory", None)
     if release is not None:
-        # another app of this process may be running the same compiled model: then
-        # OpenVINO refuses (RuntimeError), and its buffers stay until the next idle moment
-        with contextlib.suppress(RuntimeError):
-            release()
+        release()  # a no-op while another app of this process runs the same model
     with contextlib.suppress(OSError, AttributeError):  # glibc only
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 import time
 import sys
 from pathlib import Path
@@ -221,3 +222,34 @@ def test_openvino_buffers_go_back_once_idle(model_cache, monkeypatch):
     assert released == []
     time.sleep(1.0)
     assert released == [True]  # once, after the last one
+
+
+def test_two_apps_share_a_compiled_style_and_release_while_the_other_converts(model_cache):
+    """Engines of one process share a style's compiled model, each behind its own gate:
+    one giving its buffers back while the other converts must not fail either."""
+    need(HAVE_OPENVINO, NEED_OPENVINO)
+    first, second = (shipped_engine("openvino", "fp32", model_cache) for _ in range(2))
+    first.prepare(0)
+    second.prepare(0)
+    assert first.runner().compiled is second.runner().compiled  # type: ignore[attr-defined]
+    picture = sized("astronaut", "fit-512")
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def convert() -> None:
+        try:
+            for _ in range(3):
+                first.run(picture)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=convert)
+    worker.start()
+    releases = 0
+    while not done.is_set():
+        second.runner().release_memory()  # type: ignore[attr-defined]
+        releases += 1
+    worker.join()
+    assert not failures and releases > 10

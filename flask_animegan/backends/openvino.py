@@ -155,8 +155,17 @@ class OpenVINORunner:
 
     def release_memory(self) -> None:
         """Give back the buffers sized for the largest picture so far (they are made again,
-        about 15 % of one inference, by the next one)."""
-        self.compiled.release_memory()
+        about 15 % of one inference, by the next one).
+
+        The compiled model is shared by every app of the process that runs this style
+        (``_compiled``), each behind its own gate, so another app may be converting with
+        it right now: OpenVINO then refuses ("busy state"), and the buffers go back at a
+        later idle moment instead."""
+        try:
+            self.compiled.release_memory()
+        except RuntimeError as exc:
+            if "busy state" not in str(exc):
+                raise
 
     def __call__(self, pixels: np.ndarray) -> np.ndarray:
         results = self.request.infer({0: pixels[np.newaxis]}, share_inputs=True,
