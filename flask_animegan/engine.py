@@ -73,13 +73,13 @@ class InferenceEngine:
                                       shipped_dir=shipped_dir)
         self.requested_backend = backend
         self.requested_precision = precision
-        self.backends, self.missing_backends = open_backends(
-            backend, cache_dir=model_cache_dir, threads=threads or torch.get_num_threads())
-        if backend != "auto" and backend not in self.backends:
-            log.warning("flask_animegan: ANIMEGAN_BACKEND=%s, but %s; using torch", backend,
-                        self.missing_backends.get(backend, "it is unavailable"))
-        usable = backend if backend in self.backends else "torch"
-        self.choice = Choice("torch" if backend == "auto" else usable,
+        self._model_cache_dir = model_cache_dir
+        self._threads = threads
+        # opened on first use (the warm-up): importing openvino is not for every `flask` command
+        self._backends: dict[str, Backend] | None = None
+        self._missing_backends: dict[str, str] = {}
+        self._backends_lock = threading.Lock()
+        self.choice = Choice("torch" if backend == "auto" else backend,
                              "fp32" if precision == "auto" else precision)
         self.timings: dict[str, float] = {}  # candidate -> seconds, when auto timed them
         self.rejected: dict[str, str] = {}  # candidate -> why the fidelity guard refused it
@@ -90,6 +90,34 @@ class InferenceEngine:
         self.prepared = False
         self._release_lock = threading.Lock()
         self._release_timer: threading.Timer | None = None
+
+    @property
+    def backends(self) -> dict[str, Backend]:
+        """The backends this engine may use, torch always among them (opened on first use)."""
+        if self._backends is None:
+            with self._backends_lock:
+                if self._backends is None:
+                    self._open_backends()
+        assert self._backends is not None
+        return self._backends
+
+    @property
+    def missing_backends(self) -> dict[str, str]:
+        """Why a backend ANIMEGAN_BACKEND could use is not available."""
+        self.backends  # noqa: B018 - opens them
+        return dict(self._missing_backends)
+
+    def _open_backends(self) -> None:
+        backends, missing = open_backends(
+            self.requested_backend, cache_dir=self._model_cache_dir,
+            threads=self._threads or torch.get_num_threads())
+        requested = self.requested_backend
+        if requested != "auto" and requested not in backends:
+            log.warning("flask_animegan: ANIMEGAN_BACKEND=%s, but %s; using torch", requested,
+                        missing.get(requested, "it is unavailable"))
+            self.choice = Choice("torch", self.choice.precision)
+        self._missing_backends = missing
+        self._backends = backends
 
     @classmethod
     def from_settings(cls, models_dir: Path, settings: Settings, *,
@@ -203,7 +231,8 @@ class InferenceEngine:
 
     def candidates(self) -> list[Choice]:
         """Every backend and precision ``auto`` may choose from here."""
-        backends = (list(self.backends) if self.requested_backend == "auto"
+        available = self.backends  # opening them settles self.choice
+        backends = (list(available) if self.requested_backend == "auto"
                     else [self.choice.backend])
         found = []
         for name in backends:

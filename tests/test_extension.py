@@ -245,3 +245,25 @@ def test_an_unreadable_form_is_counted_and_leaves_the_limit_storage_alone(models
     statuses = [client.post("/animegan/convert", data=photo_bytes("coffee"),
                             content_type="image/jpeg").status_code for _ in range(2)]
     assert statuses == [413, 429]  # the 413 form counted: one conversion was left
+
+
+def test_init_app_imports_nothing_it_does_not_need_until_the_warm_up(models_dir):
+    """`flask` commands pay for init_app: it loads no weights and imports neither the
+    optional backends nor the cache's image libraries (a fresh interpreter tells)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from flask import Flask\n"
+        "from flask_animegan import AnimeGAN\n"
+        "app = Flask('site')\n"
+        f"app.config.update(ANIMEGAN_MODELS_DIR={str(models_dir)!r}, ANIMEGAN_BACKEND='auto')\n"
+        "AnimeGAN(app)\n"
+        "heavy = ('openvino', 'scipy.ndimage', 'imagehash')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "print(app.extensions['animegan'].engine.status()['loaded'])\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["[]", "[]"]
