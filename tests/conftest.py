@@ -109,6 +109,15 @@ def photo_bytes(name: str = "chelsea", fmt: str = "JPEG", **params: object) -> b
     return encode_image(photo(name), fmt, **params)
 
 
+def pixelated(image: Image.Image, box: tuple[int, int, int, int], block: int) -> Image.Image:
+    """``image`` with the region ``box`` pixelated in blocks of ``block`` pixels (a local edit)."""
+    copy = image.copy()
+    part = copy.crop(box)
+    small = part.resize((part.width // block, part.height // block), Image.Resampling.BOX)
+    copy.paste(small.resize(part.size, Image.Resampling.NEAREST), box[:2])
+    return copy
+
+
 def open_image(data: bytes) -> Image.Image:
     image = Image.open(io.BytesIO(data))
     image.load()

@@ -10,7 +10,8 @@ import time
 import pytest
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
-from conftest import COLOR_PHOTOS, PHOTOS, REPO, encode_image, open_image, photo, photo_bytes
+from conftest import (COLOR_PHOTOS, PHOTOS, REPO, encode_image, open_image, photo, photo_bytes,
+                      pixelated)
 from flask_animegan import imaging
 from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult
 from flask_animegan.storage import MemoryStorage
@@ -199,14 +200,6 @@ def test_an_entry_costs_under_64_kb_beside_its_result():
 
 
 # -- local edits: one small changed region is a different photo ----------------------
-
-def pixelated(image: Image.Image, box: tuple[int, int, int, int], block: int) -> Image.Image:
-    copy = image.copy()
-    part = copy.crop(box)
-    small = part.resize((part.width // block, part.height // block), Image.Resampling.BOX)
-    copy.paste(small.resize(part.size, Image.Resampling.NEAREST), box[:2])
-    return copy
-
 
 def blurred(image: Image.Image, box: tuple[int, int, int, int], radius: float) -> Image.Image:
     copy = image.copy()

@@ -15,7 +15,7 @@ import pytest
 import redis
 from PIL import Image
 
-from conftest import encode_image, photo
+from conftest import encode_image, photo, pixelated
 from flask_animegan import imaging
 from flask_animegan.cache import (IndexMember, NearDuplicateCache, ResultStore, StoredResult,
                                   decode_member, encode_member)
@@ -40,14 +40,6 @@ def fitted(image: Image.Image, fmt: str = "PNG", **params) -> Image.Image:
     """What the service fingerprints: the upload as sent, decoded and fitted to SIDE."""
     data = encode_image(image, fmt, **params)
     return imaging.fit(imaging.decode_upload(data, max_pixels=10**8, size=SIDE), SIDE)
-
-
-def pixelated(image: Image.Image, box: tuple[int, int, int, int], block: int) -> Image.Image:
-    copy = image.copy()
-    part = copy.crop(box)
-    small = part.resize((part.width // block, part.height // block), Image.Resampling.BOX)
-    copy.paste(small.resize(part.size, Image.Resampling.NEAREST), box[:2])
-    return copy
 
 
 @pytest.fixture(scope="module")
