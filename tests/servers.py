@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -103,3 +105,35 @@ def child_pids(pid: int) -> list[int]:
         except FileNotFoundError:
             pass
     return found + [grandchild for child in found for grandchild in child_pids(child)]
+
+
+class Trickle(threading.Thread):
+    """A slow client: it connects from ``address``, sends ``head``, then ``drip`` every
+    ``interval`` seconds until stopped, never finishing its request; ``sent`` counts the
+    drips, and ``closed_by_server`` notes whether the server ever closed the connection."""
+
+    def __init__(self, port: int, head: bytes, drip: bytes, *, interval: float = 1.0,
+                 address: str = "127.0.0.1") -> None:
+        super().__init__(daemon=True)
+        self.port, self.head, self.drip = port, head, drip
+        self.interval, self.address = interval, address
+        self.stopping = threading.Event()
+        self.sent = 0
+        self.closed_by_server = False
+
+    def run(self) -> None:
+        with socket.socket() as sock:
+            sock.bind((self.address, 0))
+            sock.settimeout(10)
+            sock.connect(("127.0.0.1", self.port))
+            sock.settimeout(None)  # so that MSG_DONTWAIT below returns at once
+            sock.sendall(self.head)
+            while not self.stopping.wait(self.interval):
+                try:
+                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                        self.closed_by_server = True
+                        return
+                except BlockingIOError:
+                    pass  # still open, nothing said
+                sock.sendall(self.drip)
+                self.sent += 1

@@ -35,7 +35,7 @@ from requests.adapters import HTTPAdapter
 from conftest import REPO, free_port, need, photo_bytes
 from nginx_server import NginxServer
 from redis_server import REDIS_SERVER, RedisServer
-from servers import Server, child_pids
+from servers import Server, Trickle, child_pids
 
 pytestmark = pytest.mark.server
 
@@ -397,37 +397,12 @@ def test_nginx_keeps_serving_when_an_instance_is_killed(shared, models_dir, tmp_
 
 # --- (f) slow clients ---------------------------------------------------------------------------
 
-class Trickle(threading.Thread):
-    """A client at its own address that starts an upload through nginx and sends one small
-    piece of it every ``interval`` seconds, never finishing; notes whether it was cut off."""
-
-    HEAD = (b"POST /animegan/convert HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: multipart/form-data; boundary=trickle\r\nContent-Length: 200000\r\n\r\n"
-            b'--trickle\r\nContent-Disposition: form-data; name="image"; filename="p.jpg"\r\n'
-            b"Content-Type: image/jpeg\r\n\r\n\xff\xd8")
-
-    def __init__(self, port: int, interval: float = 0.5) -> None:
-        super().__init__(daemon=True)
-        self.port, self.interval = port, interval
-        self.address = next_address()
-        self.stopping = threading.Event()
-        self.pieces = 0
-        self.closed_by_server = False
-
-    def run(self) -> None:
-        with socket.socket() as sock:
-            sock.bind((self.address, 0))
-            sock.connect(("127.0.0.1", self.port))
-            sock.sendall(self.HEAD)
-            while not self.stopping.wait(self.interval):
-                try:
-                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
-                        self.closed_by_server = True
-                        return
-                except BlockingIOError:
-                    pass  # still open, nothing said
-                sock.sendall(b"\x00" * 64)
-                self.pieces += 1
+#: A multipart upload through nginx that never finishes: its head, then zeros.
+TRICKLE_HEAD = (
+    b"POST /animegan/convert HTTP/1.1\r\nHost: x\r\n"
+    b"Content-Type: multipart/form-data; boundary=trickle\r\nContent-Length: 200000\r\n\r\n"
+    b'--trickle\r\nContent-Disposition: form-data; name="image"; filename="p.jpg"\r\n'
+    b"Content-Type: image/jpeg\r\n\r\n\xff\xd8")
 
 
 def test_trickling_uploads_do_not_delay_a_conversion_through_nginx(deployment):
@@ -435,11 +410,12 @@ def test_trickling_uploads_do_not_delay_a_conversion_through_nginx(deployment):
     nginx holds them, so a normal conversion takes no more than twice its usual time."""
     Client().convert(deployment.nginx)  # this shape has run on the instance(s)
     usual = conversion_seconds(deployment.nginx)
-    trickles = [Trickle(deployment.nginx.port) for _ in range(20)]
+    trickles = [Trickle(deployment.nginx.port, TRICKLE_HEAD, b"\x00" * 64, interval=0.5,
+                        address=next_address()) for _ in range(20)]
     for trickle in trickles:
         trickle.start()
     try:
-        wait_until(lambda: min(t.pieces for t in trickles) >= 2, 15, "the trickles")
+        wait_until(lambda: min(t.sent for t in trickles) >= 2, 15, "the trickles")
         during = conversion_seconds(deployment.nginx)
         for server in deployment.instances:
             _, health_s = timed(lambda: requests.get(f"{server.url}/animegan/healthz", timeout=10))

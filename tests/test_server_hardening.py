@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from gunicorn.ctl.client import ControlClient
 from PIL import Image
 
 from conftest import encode_image, photo_bytes
-from servers import Server, child_pids, proc_status_kib
+from servers import Server, Trickle, child_pids, proc_status_kib
 from upload_variants import gif_huge_screen, jpeg_scan_bomb, png_strip
 
 pytestmark = pytest.mark.server
@@ -47,32 +46,6 @@ def convert(server: Server, body, timeout: float = 60, **headers: str) -> reques
 
 
 # --- slow clients -------------------------------------------------------------------------
-
-class Trickle(threading.Thread):
-    """A client that sends ``head`` and then one byte of ``drip`` a second until stopped,
-    noting whether the server ever closes the connection on it."""
-
-    def __init__(self, port: int, head: bytes, drip: bytes) -> None:
-        super().__init__(daemon=True)
-        self.port, self.head, self.drip = port, head, drip
-        self.stopping = threading.Event()
-        self.sent = 0
-        self.closed_by_server = False
-
-    def run(self) -> None:
-        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
-            sock.settimeout(None)  # so that MSG_DONTWAIT below returns at once
-            sock.sendall(self.head)
-            while not self.stopping.wait(1.0):
-                try:
-                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
-                        self.closed_by_server = True
-                        return
-                except BlockingIOError:
-                    pass  # still open, nothing said
-                sock.sendall(self.drip)
-                self.sent += 1
-
 
 def timed(call) -> tuple[requests.Response, float]:
     began = time.monotonic()
