@@ -65,8 +65,9 @@ OFFICIAL_STYLES: dict[str, StyleInfo] = {
 SHIPPED_STYLES: dict[str, StyleInfo] = {
     "toon_demo": StyleInfo("toon_demo",
                            "MIT (this project; model card: flask_animegan/shipped_styles/README.md)",
-                           "A soft cartoon look distilled from a classic filter into this "
-                           "network; not an official AnimeGANv2 style (pull paprika for that)."),
+                           "A cartoon look (flat colour, a saturation lift, dark contour "
+                           "lines) distilled from a classic filter into this network; not an "
+                           "official AnimeGANv2 style (pull paprika for that)."),
 }
 
 

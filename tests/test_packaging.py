@@ -29,7 +29,8 @@ import pytest
 from conftest import REPO, need
 from flask_animegan.styles import SHIPPED_STYLES_DIR
 
-SHIPPED_FILES = ("toon_demo.pt", "LICENSE", "README.md", "toon_demo_samples.jpg")
+SHIPPED_FILES = ("toon_demo.pt", "toon_demo.json", "LICENSE", "README.md",
+                 "toon_demo_samples.jpg")
 
 
 def run(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None,
