@@ -6,14 +6,15 @@ The shipped ``toon_demo`` style is converted exactly as the backend converts it
 (``backends.openvino.convert``), quantised by ``nncf.quantize`` (default preset,
 calibrated on nine photos that ship in scikit-image's wheel, none of them a fidelity photo),
 and compiled next to the f32 model with the same threads. Reported: model-only time at
-512 and 1024 px (medians, the two models in turns) and PSNR against torch fp32 on the
-fidelity guard's three photos. The backend would keep INT8 only at >= 35 dB and faster.
+512 and 1024 px (medians, the two models in turns) and PSNR against torch fp32 with the
+fidelity guard's own photos and measure (``backends.fidelity``). The backend would keep
+INT8 only at >= 35 dB and faster.
 Not part of ``python -m bench``: nncf is not a dependency of the package.
 
 Measured on AMD EPYC (2 cores, AVX2, no VNNI-512/AMX), NNCF 3.4.0, OpenVINO 2026.4.1: INT8
-took 0.52x the f32 time at 512 and at 1024 px (0.662 against 1.284 s; 2.717 against
-5.237 s), but reached only 26.9-30.1 dB against torch fp32 on the fidelity photos (f32:
-over 120 dB), under the 35 dB bar: so the backend offers no INT8.
+took 0.52x the f32 time at 512 px (0.679 against 1.307 s) and 0.54x at 1024 px (2.715
+against 5.046 s), but reached only 27.9-30.3 dB against torch fp32 on the guard's photos
+(f32: 87-90 dB), under the 35 dB bar: so the backend offers no INT8.
 """
 
 from __future__ import annotations
@@ -21,16 +22,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import skimage.data
-import torch
 from PIL import Image
 
 from flask_animegan import imaging
 from flask_animegan.backends import openvino as ovb
-from flask_animegan.backends.fidelity import PHOTOS, PHOTOS_DIR
+from flask_animegan.backends import fidelity
+from flask_animegan.backends.torch import TorchRunner
 from flask_animegan.process import configure_process
 from flask_animegan.styles import SHIPPED_STYLES_DIR
 from flask_animegan.weights import load_generator
@@ -52,11 +52,6 @@ def calibration_images(side: int) -> list[np.ndarray]:
         array = array[0] if isinstance(array, tuple) else array
         images.append(pixels(imaging.fit(Image.fromarray(np.asarray(array)).convert("RGB"), side)))
     return images
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return 10 * np.log10(4.0 / mse) if mse else float("inf")  # values in [-1, 1]
 
 
 def main() -> int:
@@ -83,17 +78,16 @@ def main() -> int:
     print(f"# INT8 (NNCF {nncf.__version__}, OpenVINO {ov.get_version()}), {threads} threads, "
           f"CPU {ceilings.machine_info()['cpu_model']}\n")
     print(f"quantisation: {quantise_s:.1f} s on {len(CALIBRATION)} photos at 512 px\n")
+    # the fidelity guard's own photos and measure, as it would judge an INT8 candidate
+    reference = fidelity.pictures(TorchRunner(network, "fp32"))
+    made = {name: fidelity.pictures(lambda image, name=name: run(name, image))
+            for name in compiled}
     print("| photo | px | PSNR int8 vs torch fp32 | PSNR OpenVINO f32 vs torch fp32 |")
     print("| --- | --- | --- | --- |")
-    for path in (PHOTOS_DIR / name for name in PHOTOS):
-        for side in (512, 123):
-            with Image.open(path) as photo:
-                image = imaging.fit(photo.convert("RGB"), side)
-            with torch.inference_mode():
-                reference = network(imaging.to_tensor(image))[0].permute(1, 2, 0).numpy()
-            values = {name: psnr(run(name, pixels(image)), reference) for name in compiled}
-            print(f"| {Path(path).name} | {image.width}x{image.height} | {values['int8']:.1f} dB "
-                  f"| {values['f32']:.1f} dB |")
+    for index, (photo, expected) in enumerate(zip(fidelity.PHOTOS, reference)):
+        values = {name: fidelity.psnr(expected, made[name][index]) for name in compiled}
+        print(f"| {photo} | {expected.shape[1]}x{expected.shape[0]} | {values['int8']:.1f} dB "
+              f"| {values['f32']:.1f} dB |")
     print("\n| px | f32 s | int8 s | int8 / f32 |\n| --- | --- | --- | --- |")
     for side in (512, 1024):
         image = np.ascontiguousarray(np.resize(calibration_images(side)[0], (side, side, 3)))
