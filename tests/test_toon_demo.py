@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import REPO, open_image
 from PIL import Image
+from skimage import color, filters
 
+from flask_animegan import imaging
 from flask_animegan.service import SAMPLE_PHOTO
 from flask_animegan.styles import SHIPPED_STYLES_DIR
 from flask_animegan.weights import load_generator
@@ -71,8 +72,6 @@ def test_the_student_looks_like_a_cartoon_not_a_blur_and_imitates_its_teacher(me
 
 def test_a_blur_fails_the_same_bar(measured):
     """The bar above can fail: a σ = 4 blur of the same photos scores far below it."""
-    from skimage import filters
-
     for name in toon_style.HELD_OUT:
         source = toon_style.fitted(name, 512)
         blurred = filters.gaussian(source, sigma=4, channel_axis=-1)
@@ -95,8 +94,6 @@ def test_the_model_card_quotes_the_figures(card):
 def test_the_style_pickers_sample_is_recognisable_at_128_px(make_app):
     """The 128-px card is made at 256 px and scaled down, so its lines and regions survive:
     its edges fall where the photo's do, and it keeps more detail than a blur would."""
-    from skimage import color, filters
-
     app = make_app(ANIMEGAN_SHIPPED_STYLES=True, ANIMEGAN_DEFAULT_STYLE="toon_demo")
     response = app.test_client().get("/animegan/styles/toon_demo/sample.jpg")
     assert response.status_code == 200
@@ -104,8 +101,6 @@ def test_the_style_pickers_sample_is_recognisable_at_128_px(make_app):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     sample.resize((sample.width * 3, sample.height * 3), Image.Resampling.NEAREST).save(
         ARTIFACTS / "toon_demo_sample_128px_x3.png")
-    from flask_animegan import imaging
-
     with Image.open(SAMPLE_PHOTO) as photo:
         source = np.asarray(imaging.fit(photo.convert("RGB"), 128), np.float32) / 255
     assert sample.size == (source.shape[1], source.shape[0])
