@@ -332,7 +332,10 @@ def report(trials: Sequence[Trial], sizes: Sequence[int], tolerance: float) -> s
     out += [f"## Edited copies that hit ({len(leaks)})", "",
             f"{len(below_noise)} of them changed their box by at most twice what a JPEG q90 "
             "re-encode of the photo changes there: no fingerprint of the pictures can tell "
-            "them from a re-encoded copy, and nothing they hide is visible.", ""]
+            "them from a re-encoded copy, and nothing they hide is visible.",
+            f"{sum('saved PNG' in t.detail for t in leaks)} of them were saved losslessly (such "
+            "a copy is bit-identical to the photo outside the edit, so any change is an edit).",
+            ""]
     out += [f"- {t.kind} @ {t.size} px, {t.photo} ({t.detail}): mean change {t.change:.2f} "
             f"levels (a q90 re-encode: {t.reencode_change:.2f}), score {t.score:.2f}"
             for t in leaks]
@@ -354,7 +357,8 @@ def costs(size: int = 512, repeats: int = 50) -> str:
     comparing = (time.perf_counter() - started) / repeats
     return (f"## Costs ({size} px input)\n\n- fingerprint: {first.nbytes / 1024:.1f} KiB per entry "
             f"(luma {first.luma.nbytes // 1024} KiB, colour {first.chroma.nbytes // 1024} KiB, "
-            f"thumbnail {first.thumbnail.nbytes // 1024} KiB), {taking * 1000:.1f} ms to take\n"
+            f"thumbnail {first.thumbnail.nbytes // 1024} KiB, cell hashes "
+            f"{first.cells.nbytes // 1024} KiB), {taking * 1000:.1f} ms to take\n"
             f"- local check: {comparing * 1000:.2f} ms per candidate that passed the phash, "
             f"aspect and colour checks")
 

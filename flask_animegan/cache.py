@@ -11,7 +11,8 @@ Cache layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
 
 - ``index:<namespace digest>``: a list, newest first, of at most ``index_cap``
   members; a member is one entry's full fingerprint (phash, colour thumbnail, aspect,
-  luma and colour grids), its id and its creation time: 27,718 bytes at hash_size 16.
+  luma and colour grids, cell hashes), its id and its creation time: 29,766 bytes at
+  hash_size 16.
 - ``entry:<namespace digest>:<id>``: the result's bytes after a 12-byte header
   (its width and height).
 
@@ -19,10 +20,10 @@ Redis round trips: a hit costs 2 (read the index, run every check here, read the
 chosen entry); a miss costs 2 (read the index, then store the new entry and its index
 member in one MULTI/EXEC when the result is put). A miss whose best candidate's entry
 was evicted meanwhile (Redis under ``maxmemory`` pressure) costs 3. A lookup reads at
-most ``index_cap`` members: 433 KiB at the default 16.
+most ``index_cap`` members: 465 KiB at the default 16.
 
 Bytes per entry, measured with ``MEMORY USAGE`` on Redis 7.0 (tests/test_storage.py):
-its result + about 150 bytes (key, header) + 28,712 bytes for its member in the
+its result + about 150 bytes (key, header) + 32,808 bytes for its member in the
 index; the result is rounded up to jemalloc's size class (up to +25 %, about +10 % on
 average). A result page: its two images + about 130 bytes, rounded the same way.
 
@@ -76,6 +77,14 @@ LUMA_FLOOR = 0.75  # levels a window of a flat region may differ by (re-encoding
 CHROMA_FLOOR = 6.0  # the same for Cb + Cr, which JPEG quantises much more coarsely
 NOISE_QUANTILE = 0.75  # which window sets a pair's "re-encoding noise per unit of detail"
 
+# The lossless-copy check: a hash of every cell of a 32x32 grid of the fitted RGB pixels.
+# Re-encoding or resizing changes every cell that is not a single flat colour, so two
+# inputs whose non-flat cells are mostly bit-identical are the same file with something
+# changed in the remaining cells: a local edit saved losslessly, however faint.
+CELL_SIDE = 32
+LOSSLESS_SHARE = 0.5  # of non-flat cells identical: the copy is the same pixels, edited
+LOSSLESS_MIN_CELLS = 16  # fewer non-flat cells than this (a flat picture): no verdict
+
 
 @dataclass(frozen=True)
 class Fingerprint:
@@ -86,6 +95,7 @@ class Fingerprint:
     aspect: float
     luma: np.ndarray  # LUMA_SIDE x LUMA_SIDE uint8 (Y of YCbCr)
     chroma: np.ndarray  # CHROMA_SIDE x CHROMA_SIDE x 2 uint8 (Cb, Cr)
+    cells: np.ndarray  # CELL_SIDE x CELL_SIDE uint16: a hash of each cell's pixels, 0 if flat
 
     @classmethod
     def of(cls, image: Image.Image, hash_size: int) -> Fingerprint:
@@ -102,11 +112,12 @@ class Fingerprint:
         step = LUMA_SIDE // CHROMA_SIDE
         chroma = grid[..., 1:].reshape(CHROMA_SIDE, step, CHROMA_SIDE, step, 2).mean(axis=(1, 3))
         return cls(int.from_bytes(bits.tobytes(), "big"), thumb, image.width / image.height,
-                   np.ascontiguousarray(grid[..., 0]), chroma.round().astype(np.uint8))
+                   np.ascontiguousarray(grid[..., 0]), chroma.round().astype(np.uint8),
+                   cell_hashes(image))
 
     @property
     def nbytes(self) -> int:
-        return self.thumbnail.nbytes + self.luma.nbytes + self.chroma.nbytes
+        return self.thumbnail.nbytes + self.luma.nbytes + self.chroma.nbytes + self.cells.nbytes
 
     def distance(self, other: Fingerprint) -> int:
         return (self.phash ^ other.phash).bit_count()
@@ -166,22 +177,68 @@ class Fingerprint:
                               _ndimage().sobel(plane, 1, mode="nearest")) / 8
         return total
 
+    def edited_losslessly(self, other: Fingerprint) -> bool:
+        """Whether the two are the same pixels except in some cells: an edit saved losslessly.
+
+        JPEG re-encoding and resizing change every cell that is not one flat colour, so
+        a pair with at least half its non-flat cells bit-identical comes from one file;
+        if any cell differs, someone changed it, however little (a blur of a flat sky
+        changes it by under a level, which no noise model can tell from re-encoding).
+        """
+        textured = (self.cells != 0) | (other.cells != 0)
+        same = (self.cells == other.cells) & (self.cells != 0)
+        count, identical = int(textured.sum()), int(same.sum())
+        return (count >= LOSSLESS_MIN_CELLS and identical < count
+                and identical >= LOSSLESS_SHARE * count)
+
     def same_locally(self, other: Fingerprint, tolerance: float) -> bool:
-        """Whether no window differs by more than ``tolerance`` times this pair's noise."""
-        return self.local_difference(other) <= tolerance
+        """Whether no window differs by more than ``tolerance`` times this pair's noise, and
+        the pair is not a losslessly saved local edit."""
+        return (not self.edited_losslessly(other)
+                and self.local_difference(other) <= tolerance)
+
+
+def cell_hashes(image: Image.Image) -> np.ndarray:
+    """A 16-bit hash (never 0) of each cell's RGB values on a CELL_SIDE grid; 0 for a cell
+    of one flat colour (flat cells survive re-encoding, so they say nothing).
+
+    The hash is a weighted sum of the cell's pixels (each packed into 24 bits) modulo
+    2**32 with fixed odd weights (every instance must agree), so changing any one pixel
+    changes the sum, then folded to 16 bits.
+    """
+    pixels = np.asarray(image.convert("RGB"))
+    height, width = pixels.shape[:2]
+    packed = (pixels[..., 0].astype(np.uint32) | pixels[..., 1].astype(np.uint32) << 8
+              | pixels[..., 2].astype(np.uint32) << 16)
+    rows, columns = (np.linspace(0, n, CELL_SIDE + 1).round().astype(int) for n in (height, width))
+    starts = np.minimum(rows[:-1], height - 1), np.minimum(columns[:-1], width - 1)
+    rng = np.random.default_rng(0xA1E6A7)
+    row_weights, column_weights = (rng.integers(1, 2**31, size=n, dtype=np.uint32) * 2 + 1
+                                   for n in (height, width))
+    with np.errstate(over="ignore"):  # uint32 arithmetic wraps: that is the modulo
+        by_columns = np.add.reduceat(packed * column_weights, starts[1], axis=1, dtype=np.uint32)
+        sums = np.add.reduceat(by_columns * row_weights[:, None], starts[0], axis=0,
+                               dtype=np.uint32)
+    lowest = np.minimum.reduceat(np.minimum.reduceat(packed, starts[0], 0), starts[1], 1)
+    highest = np.maximum.reduceat(np.maximum.reduceat(packed, starts[0], 0), starts[1], 1)
+    empty = (np.diff(rows)[:, None] == 0) | (np.diff(columns)[None, :] == 0)
+    hashes = ((sums ^ (sums >> np.uint32(16))) & np.uint32(0xFFFF)).astype(np.uint16)
+    return np.where((lowest == highest) | empty, 0, np.maximum(hashes, 1)).astype(np.uint16)
 
 
 # -- stored bytes ----------------------------------------------------------------------
 # Little-endian throughout, so every instance reads what any other wrote.
 
 _MEMBER = struct.Struct("<4sddH16s")  # magic, created (Unix time), aspect, phash bytes, id
-_MEMBER_MAGIC = b"AGF1"
+_MEMBER_MAGIC = b"AGF2"
 _THUMB_DTYPE = np.dtype("<f4")
 _THUMB_SHAPE = (THUMB_SIDE, THUMB_SIDE, 3)
 _LUMA_SHAPE = (LUMA_SIDE, LUMA_SIDE)
 _CHROMA_SHAPE = (CHROMA_SIDE, CHROMA_SIDE, 2)
+_CELLS_SHAPE = (CELL_SIDE, CELL_SIDE)
+_CELLS_DTYPE = np.dtype("<u2")
 _GRIDS_BYTES = (math.prod(_THUMB_SHAPE) * _THUMB_DTYPE.itemsize + math.prod(_LUMA_SHAPE)
-                + math.prod(_CHROMA_SHAPE))
+                + math.prod(_CHROMA_SHAPE) + math.prod(_CELLS_SHAPE) * _CELLS_DTYPE.itemsize)
 _ENTRY = struct.Struct("<4sII")  # magic, width, height
 _ENTRY_MAGIC = b"AGE1"
 _PAGE = struct.Struct("<4sIIHHII")  # magic, width, height, then the four fields' lengths
@@ -211,6 +268,7 @@ def encode_member(member: IndexMember, hash_size: int) -> bytes:
         np.ascontiguousarray(fp.thumbnail, _THUMB_DTYPE).tobytes(),
         np.ascontiguousarray(fp.luma, np.uint8).tobytes(),
         np.ascontiguousarray(fp.chroma, np.uint8).tobytes(),
+        np.ascontiguousarray(fp.cells, _CELLS_DTYPE).tobytes(),
     ))
 
 
@@ -228,14 +286,15 @@ def decode_member(blob: bytes, hash_size: int) -> IndexMember | None:
     offset += size
     arrays = []
     for shape, dtype in ((_THUMB_SHAPE, _THUMB_DTYPE), (_LUMA_SHAPE, np.uint8),
-                         (_CHROMA_SHAPE, np.uint8)):
+                         (_CHROMA_SHAPE, np.uint8), (_CELLS_SHAPE, _CELLS_DTYPE)):
         count = math.prod(shape)
         arrays.append(np.frombuffer(blob, dtype, count, offset).reshape(shape))
         offset += count * np.dtype(dtype).itemsize
-    thumbnail, luma, chroma = arrays
+    thumbnail, luma, chroma, cells = arrays
     if not np.isfinite(thumbnail).all():
         return None
-    return IndexMember(created, entry_id, Fingerprint(phash, thumbnail, aspect, luma, chroma))
+    return IndexMember(created, entry_id,
+                       Fingerprint(phash, thumbnail, aspect, luma, chroma, cells))
 
 
 def encode_entry(data: bytes, size: tuple[int, int]) -> bytes:
@@ -293,7 +352,8 @@ class NearDuplicateCache:
     grayscale phash alone cannot tell a photo from its hue-shifted copy) AND no small
     window differs by more than ``local_tolerance`` times the pair's re-encoding noise
     (the checks before it let a blurred or pixelated face through: the photo around
-    it still matches). Only the ``index_cap`` newest entries of a namespace are
+    it still matches), and the pair is not bit-identical outside some changed cells (a
+    faint edit saved losslessly). Only the ``index_cap`` newest entries of a namespace are
     candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
     ``max_bytes``. ``key`` (e.g. the app's secret key) keys the namespace digests.
     """

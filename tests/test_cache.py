@@ -7,6 +7,7 @@ import io
 import sys
 import time
 
+import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
@@ -227,21 +228,43 @@ def test_a_hidden_face_misses_whichever_copy_came_first(hide):
 def test_no_locally_edited_copy_gets_the_originals_result():
     """Blur, pixelation, an overlay or a pasted patch on 1 % of the area: zero hits.
 
-    Every photo x edit kind x output size, one seeded edit each, uploaded losslessly.
-    Edits of a flat region that change their box by under 2 levels on average show
-    nothing and may hit; they are counted, and must stay a small minority. Every hit is
-    one whose change is within 3x what re-encoding the photo as JPEG q90 changes in the
-    same box: a change no fingerprint can tell from a re-encoded copy's.
+    Every photo x edit kind x output size, one seeded edit each, uploaded losslessly:
+    every one misses, visible or not. Some blur or pixelate a flat region (a night sky)
+    and change their box by under a level on average, less than re-encoding changes it;
+    those miss because the rest of the copy is bit-identical, which no re-encoded or
+    resized copy is (``Fingerprint.edited_losslessly``).
     """
     trials = privacy.edit_trials(privacy.PHOTOS, privacy.SIZES, seeds=[0])
     assert len(privacy.PHOTOS) >= 20 and len(trials) == len(privacy.PHOTOS) * 4 * 2
-    leaks = [t for t in trials if t.hit and t.visible]
     unseen = [t for t in trials if not t.visible]
     print(f"\n{sum(t.hit for t in trials)} hits among {len(trials)} edited copies; "
           f"{len(unseen)} edits changed their box by < {privacy.VISIBLE} levels")
-    assert len(unseen) <= len(trials) // 10
-    assert leaks == []
-    assert [t for t in trials if t.hit and t.change > 3 * t.reencode_change] == []
+    assert unseen, "the trials must include edits that show nothing (the hard case)"
+    assert [t for t in trials if t.hit] == []
+
+
+def test_a_faint_edit_of_a_flat_region_misses_when_saved_losslessly():
+    """Blurring part of the rocket photo's night sky changes it by under a level: the
+    noise model excuses that much (a JPEG q90 re-encode changes it as much), but the
+    rest of the copy is bit-identical to the original, so it is an edit."""
+    original = fitted(photo("rocket"), 512)
+    box = (224, 32, 275, 66)  # night sky, 1 % of the picture
+    faint = blurred(original, box, 5)
+    change = np.abs(np.asarray(faint.crop(box), np.float32)
+                    - np.asarray(original.crop(box), np.float32)).mean()
+    assert 0 < change < 1, change  # levels, on average over the box
+    cache = make_cache()
+    prints = {name: cache.fingerprint(image) for name, image in
+              (("original", original), ("faint", faint), ("again", original.copy()),
+               ("jpeg", jpeg_copy(original, 90)))}
+    assert prints["original"].edited_losslessly(prints["faint"])
+    assert prints["faint"].edited_losslessly(prints["original"])
+    assert not prints["original"].edited_losslessly(prints["again"])  # identical: no edit
+    assert not prints["original"].edited_losslessly(prints["jpeg"])  # nothing bit-identical
+    cache.put(("s", 512, "jpeg"), prints["original"], b"first", original.size)
+    assert cache.get(("s", 512, "jpeg"), prints["faint"]) is None
+    assert cache.get(("s", 512, "jpeg"), prints["again"]) is not None
+    assert cache.get(("s", 512, "jpeg"), prints["jpeg"]) is not None
 
 
 def test_re_encoded_and_resized_copies_hit_at_both_sizes():
