@@ -14,7 +14,8 @@ The photos are scikit-image's (no download): 18 whole photos plus 4 crops taken 
 resolution from the largest ones (the crops do not overlap each other, but each lies
 inside its parent photo, which is seen there at a smaller scale). Edits are made on the
 fitted input at the output scale, at a seeded random place (smooth regions included),
-and uploaded losslessly or as JPEG q90. ``tests/test_cache.py`` runs one seed of this.
+and uploaded losslessly or as JPEG q90; an edit counts as a hit if a cache holding
+either copy answers the other. ``tests/test_cache.py`` runs one seed of this.
 Self-contained (no ``bench`` imports) so the tests can load it by path.
 """
 
@@ -35,7 +36,9 @@ import skimage.data
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from flask_animegan import imaging
-from flask_animegan.cache import Fingerprint, NearDuplicateCache
+from flask_animegan.cache import (ASPECT_TOLERANCE, Fingerprint, NearDuplicateCache,
+                                   encode_source)
+from flask_animegan.jpeg_grid import grid_of, same_source
 
 from bench.report import table
 
@@ -179,18 +182,26 @@ EDITS: dict[str, Callable[[Image.Image, Box, random.Random, Image.Image], str]] 
 
 
 def edited(image: Image.Image, kind: str, rng: random.Random,
-           donor: Image.Image) -> tuple[Image.Image, str, float, float]:
-    """A copy of ``image`` with one local edit; its description, its mean change over the
-    edited box (levels), and the mean change a JPEG q90 re-encode of ``image`` makes over
-    the same box (an edit below that is one no fingerprint can tell from re-encoding)."""
+           donor: Image.Image) -> tuple[Image.Image, str, Box]:
+    """A copy of ``image`` with one local edit, its description and its box."""
     copy = image.copy()
     box = edit_box(copy, rng)
     detail = EDITS[kind](copy, box, rng, donor.resize(image.size))
-    reencoded = decoded(encode(image, "JPEG", quality=90))
-    before, after, noise = (np.asarray(im.crop(box), np.float32)
-                            for im in (image, copy, reencoded))
-    return (copy, detail, float(np.abs(after - before).mean()),
-            float(np.abs(noise - before).mean()))
+    return copy, detail, box
+
+
+def changes(image: Image.Image, copy: Image.Image, box: Box, size: int) -> tuple[float, float]:
+    """The mean change (levels) the edit makes over its box, and the one a JPEG q90
+    re-encode of ``image`` makes there (an edit below that is one no statistic of the two
+    pictures can tell from re-encoding), both as the service sees them: fitted to ``size``."""
+    reencoded = encode(image, "JPEG", quality=90)
+    before, after, noise = (upload(data, size) for data in
+                            (encode(image, "PNG"), encode(copy, "PNG"), reencoded))
+    scale = before.width / image.width
+    fitted_box = tuple(round(v * scale) for v in box)
+    before, after, noise = (np.asarray(im.crop(fitted_box), np.float32)
+                            for im in (before, after, noise))
+    return float(np.abs(after - before).mean()), float(np.abs(noise - before).mean())
 
 
 # -- trials --------------------------------------------------------------------------------
@@ -200,9 +211,9 @@ class Trial:
     kind: str  # protocol + benign kind, or edit kind
     size: int
     photo: str
-    hit: bool  # the real cache's answer
+    hit: bool  # the real cache's answer (edits: holding either copy, asked for the other)
     score: float  # Fingerprint.local_difference
-    hit_before: bool  # the answer without the local check (phash, aspect, colours only)
+    hit_before: bool  # the answer of the checks before the local ones (phash, aspect, colours)
     change: float = 0.0  # edits: mean absolute change over the box (levels)
     reencode_change: float = 0.0  # edits: what a JPEG q90 re-encode changes there (levels)
     detail: str = ""
@@ -212,16 +223,25 @@ class Trial:
         return self.change >= VISIBLE
 
 
-def lookup(original: Fingerprint, copy: Image.Image) -> tuple[bool, float, bool]:
-    """Whether a cache holding ``original`` answers ``copy`` with it, their local score,
-    and whether it would without the local check."""
+def answers(stored: Fingerprint, asked: Fingerprint) -> bool:
+    """Whether a cache holding ``stored`` answers ``asked`` with its result."""
+    cache = NearDuplicateCache(max_bytes=10**9, ttl=3600, hash_size=HASH_SIZE)
+    cache.put(("bench",), stored, b"A's result", stored.source.size if stored.source else (1, 1))
+    return cache.get(("bench",), asked) is not None
+
+
+def lookup(original: Fingerprint, copy: Image.Image,
+           both_ways: bool = False) -> tuple[bool, float, bool]:
+    """Whether a cache holding ``original`` answers ``copy`` with it (``both_ways``: or
+    one holding ``copy`` answers ``original``: a planted copy), their local score, and
+    whether the checks before the local ones (phash, aspect, colours) would let it hit."""
     found = Fingerprint.of(copy, HASH_SIZE)
-    answers = []
-    for options in ({}, {"local_tolerance": math.inf}):
-        cache = NearDuplicateCache(max_bytes=10**9, ttl=3600, hash_size=HASH_SIZE, **options)
-        cache.put(("bench",), original, b"A's result", (1, 1))
-        answers.append(cache.get(("bench",), found) is not None)
-    return answers[0], original.local_difference(found), answers[1]
+    checks = NearDuplicateCache(max_bytes=1, ttl=1, hash_size=HASH_SIZE)
+    before = (original.distance(found) <= checks.max_distance
+              and abs(found.aspect / original.aspect - 1) <= ASPECT_TOLERANCE
+              and found.same_colors(original, checks.color_tolerance))
+    hit = answers(original, found) or (both_ways and answers(found, original))
+    return hit, original.local_difference(found), before
 
 
 def benign_trials(photos: Iterable[str], sizes: Sequence[int],
@@ -240,10 +260,22 @@ def benign_trials(photos: Iterable[str], sizes: Sequence[int],
     return trials
 
 
+EDIT_SCALES = {
+    "edit": "made on the fitted input (the picture the service converts), then saved",
+    "edit at full scale": "made on the photo at its own resolution, then saved; the "
+                          "service fits the upload (JPEG copies larger than the output are "
+                          "decoded at a reduced DCT scale)",
+}
+
+
 def edit_trials(photos: Sequence[str], sizes: Sequence[int], seeds: Iterable[int],
-                saved: Iterable[str] = ("PNG",)) -> list[Trial]:
-    """Every photo x edit kind x size x seed, each copy uploaded in each ``saved`` format."""
+                saved: Iterable[str] = ("PNG",), full_scale: bool = False) -> list[Trial]:
+    """Every photo x edit kind x size x seed, each copy uploaded in each ``saved`` format.
+
+    The edit is made on the fitted input, or with ``full_scale`` on the photo itself.
+    """
     trials = []
+    group = "edit at full scale" if full_scale else "edit"
     for index, name in enumerate(photos):
         image, donor = photo(name), photo(photos[(index + 1) % len(photos)])
         for size in sizes:
@@ -251,12 +283,14 @@ def edit_trials(photos: Sequence[str], sizes: Sequence[int], seeds: Iterable[int
             fingerprint = Fingerprint.of(original, HASH_SIZE)
             for seed in seeds:
                 for kind in EDITS:
-                    rng = random.Random(f"{seed}/{name}/{size}/{kind}")
-                    copy, detail, change, noise = edited(original, kind, rng, donor)
+                    rng = random.Random(f"{'full' if full_scale else ''}{seed}/{name}/{size}/{kind}")
+                    source = image if full_scale else original
+                    copy, detail, box = edited(source, kind, rng, donor)
+                    change, noise = changes(source, copy, box, size)
                     for fmt in saved:
                         data = encode(copy, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-                        trials.append(Trial("edit", kind, size, name,
-                                            *lookup(fingerprint, upload(data, size)),
+                        trials.append(Trial(group, kind, size, name,
+                                            *lookup(fingerprint, upload(data, size), True),
                                             change, noise, f"{detail}, saved {fmt}"))
     return trials
 
@@ -273,6 +307,7 @@ def quantiles(values: Sequence[float], qs: Sequence[float]) -> list[str]:
 def report(trials: Sequence[Trial], sizes: Sequence[int], tolerance: float) -> str:
     benign = [t for t in trials if t.group == "benign"]
     edits = [t for t in trials if t.group == "edit"]
+    everything = [t for t in trials if t.group != "benign"]
     out = []
     by_kind: dict[str, list[Trial]] = defaultdict(list)
     for t in benign:
@@ -285,19 +320,26 @@ def report(trials: Sequence[Trial], sizes: Sequence[int], tolerance: float) -> s
             for label, group in groups.items() if group]
     out += ["## Same photo (should hit): hits/total", "",
             table(["protocol, copy"] + [f"{s} px" for s in sizes]
-                  + ["all", "all, without the local check"], rows), ""]
+                  + ["all", "all, by the checks before the local ones"], rows), ""]
     out += [f"- {p}: {d}" for p, d in PROTOCOLS.items()] + [""]
 
-    rows = []
-    for kind in list(EDITS) + [None]:
-        group = [t for t in edits if kind in (None, t.kind)]
-        rows.append([kind or "**all**"] + [hits([t for t in group if t.size == s]) for s in sizes]
-                    + [hits(group), hits([t for t in group if t.visible]),
-                       hits([replace(t, hit=t.hit_before) for t in group])])
-    out += ["## Local edits, 1 % of the area (should miss): hits/total", "",
-            table(["edit"] + [f"{s} px" for s in sizes]
-                  + ["all", f"visible (>= {VISIBLE} levels)", "all, without the local check"],
-                  rows), ""]
+    for scale, description in EDIT_SCALES.items():
+        rows = []
+        for kind in list(EDITS) + [None]:
+            for fmt in ("PNG", "JPEG", None):
+                group = [t for t in trials if t.group == scale and kind in (None, t.kind)
+                         and (fmt is None or t.detail.endswith(f"saved {fmt}"))]
+                if not group or (fmt is not None and kind is not None):
+                    continue
+                label = f"{kind or '**all**'}{f', saved {fmt}' if fmt else ''}"
+                rows.append([label] + [hits([t for t in group if t.size == s]) for s in sizes]
+                            + [hits(group), hits([t for t in group if t.visible]),
+                               hits([replace(t, hit=t.hit_before) for t in group])])
+        if rows:
+            out += [f"## Local edits, 1 % of the area, {description} (should miss): hits/total",
+                    "", table(["edit"] + [f"{s} px" for s in sizes]
+                              + ["all", f"visible (>= {VISIBLE} levels, fitted)",
+                                 "all, by the checks before the local ones"], rows), ""]
 
     qs = (0.5, 0.9, 0.95, 0.99, 1.0)
     rows = [[kind] + quantiles([t.score for t in group], qs) for kind, group in by_kind.items()]
@@ -325,27 +367,31 @@ def report(trials: Sequence[Trial], sizes: Sequence[int], tolerance: float) -> s
                 f"- mildest visible edit: {mildest:.2f} = {mildest / tolerance:.2f} x the "
                 f"tolerance {tolerance}; p1 of visible edits: {np.quantile(visible, .01):.2f}", ""]
     misses = [t for t in benign if not t.hit]
-    leaks = [t for t in edits if t.hit]
+    leaks = [t for t in everything if t.hit]
     out += [f"## Same-photo copies that missed ({len(misses)})", ""]
     out += [f"- {t.kind} @ {t.size} px, {t.photo}: {t.score:.2f}" for t in misses] + [""]
     below_noise = [t for t in leaks if t.change <= 2 * t.reencode_change]
     out += [f"## Edited copies that hit ({len(leaks)})", "",
             f"{len(below_noise)} of them changed their box by at most twice what a JPEG q90 "
-            "re-encode of the photo changes there: no fingerprint of the pictures can tell "
-            "them from a re-encoded copy, and nothing they hide is visible.",
+            "re-encode of the photo changes there (no statistic of the two pictures tells "
+            "those from a re-encoded copy, and nothing they hide is visible).",
             f"{sum('saved PNG' in t.detail for t in leaks)} of them were saved losslessly (such "
-            "a copy is bit-identical to the photo outside the edit, so any change is an edit).",
+            "a copy is bit-identical to the photo outside the edit, so any change is an edit); "
+            f"{sum('saved JPEG' in t.detail for t in leaks)} as JPEG (re-encoding the photo with "
+            "the copy's tables reproduces it exactly outside the edit).",
             ""]
-    out += [f"- {t.kind} @ {t.size} px, {t.photo} ({t.detail}): mean change {t.change:.2f} "
+    out += [f"- {t.group}: {t.kind} @ {t.size} px, {t.photo} ({t.detail}): mean change {t.change:.2f} "
             f"levels (a q90 re-encode: {t.reencode_change:.2f}), score {t.score:.2f}"
             for t in leaks]
     return "\n".join(out)
 
 
 def costs(size: int = 512, repeats: int = 50) -> str:
-    """Memory of one entry's fingerprint, and the time to take one and to compare two."""
+    """Memory of one entry's fingerprint and kept input, and the time to take, keep and
+    compare them."""
     image = upload(encode(photo("astronaut"), "PNG"), size)
     copy = upload(encode(photo("astronaut"), "JPEG", quality=85), size)
+    resaved = upload(encode(image, "JPEG", quality=90), size)
     started = time.perf_counter()
     for _ in range(repeats):
         first = Fingerprint.of(image, HASH_SIZE)
@@ -355,12 +401,28 @@ def costs(size: int = 512, repeats: int = 50) -> str:
     for _ in range(repeats):
         first.local_difference(second)
     comparing = (time.perf_counter() - started) / repeats
+    started = time.perf_counter()
+    for _ in range(repeats // 5):
+        kept = encode_source(image, None)
+    keeping = (time.perf_counter() - started) / (repeats // 5)
+    sizes = [len(encode_source(upload(encode(photo(name), "PNG"), size), None)) / 1024
+             for name in PHOTOS]
+    started = time.perf_counter()
+    for _ in range(repeats // 5):
+        assert same_source(resaved, grid_of(resaved), image, None)
+    exact = (time.perf_counter() - started) / (repeats // 5)
     return (f"## Costs ({size} px input)\n\n- fingerprint: {first.nbytes / 1024:.1f} KiB per entry "
             f"(luma {first.luma.nbytes // 1024} KiB, colour {first.chroma.nbytes // 1024} KiB, "
             f"thumbnail {first.thumbnail.nbytes // 1024} KiB, cell hashes "
             f"{first.cells.nbytes // 1024} KiB), {taking * 1000:.1f} ms to take\n"
             f"- local check: {comparing * 1000:.2f} ms per candidate that passed the phash, "
-            f"aspect and colour checks")
+            f"aspect and colour checks\n"
+            f"- the kept input (lossless WebP, in the entry): {len(kept) / 1024:.0f} KiB for "
+            f"this photo, {min(sizes):.0f}-{max(sizes):.0f} KiB (median "
+            f"{np.median(sizes):.0f}) over the {len(PHOTOS)} photos; {keeping * 1000:.1f} ms "
+            f"to encode\n"
+            f"- exact re-save check (only when an input is an exact JPEG decode of the same "
+            f"size as a candidate that passed every other check): {exact * 1000:.1f} ms")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     seeds = range(1 if args.quick else args.seeds)
     trials = benign_trials(PHOTOS, SIZES, PROTOCOLS)
-    trials += edit_trials(PHOTOS, SIZES, seeds, ("PNG",) if args.quick else ("PNG", "JPEG"))
+    saved = ("PNG",) if args.quick else ("PNG", "JPEG")
+    trials += edit_trials(PHOTOS, SIZES, seeds, saved)
+    trials += edit_trials(PHOTOS, SIZES, seeds, saved, full_scale=True)
     tolerance = NearDuplicateCache(max_bytes=1, ttl=1).local_tolerance
     print(f"# Cache privacy: {len(PHOTOS)} photos x {len(EDITS)} edits x {len(SIZES)} sizes"
           f" x {len(seeds)} seeds\n")

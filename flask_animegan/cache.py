@@ -13,19 +13,25 @@ Cache layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
   members; a member is one entry's full fingerprint (phash, colour thumbnail, aspect,
   luma and colour grids, cell hashes), its id and its creation time: 29,766 bytes at
   hash_size 16.
-- ``entry:<namespace digest>:<id>``: the result's bytes after a 12-byte header
-  (its width and height).
+- ``entry:<namespace digest>:<id>``: a 16-byte header (its width, height and the
+  result's length), the result's bytes, then the input it was converted from (a grid
+  flag, the JPEG grid if the input was an exact JPEG decode, its pixels as lossless
+  WebP), for :meth:`CachedResult.same_source`.
 
 Redis round trips: a hit costs 2 (read the index, run every check here, read the
 chosen entry); a miss costs 2 (read the index, then store the new entry and its index
 member in one MULTI/EXEC when the result is put). A miss whose best candidate's entry
-was evicted meanwhile (Redis under ``maxmemory`` pressure) costs 3. A lookup reads at
-most ``index_cap`` members: 465 KiB at the default 16.
+was evicted meanwhile (Redis under ``maxmemory`` pressure) costs 3; each candidate that
+passes every check on the index but turns out to be a JPEG re-save of an edited copy
+costs one more read. A lookup reads at most ``index_cap`` members: 465 KiB at the
+default 16.
 
 Bytes per entry, measured with ``MEMORY USAGE`` on Redis 7.0 (tests/test_storage.py):
-its result + about 150 bytes (key, header) + 32,808 bytes for its member in the
-index; the result is rounded up to jemalloc's size class (up to +25 %, about +10 % on
-average). A result page: its two images + about 130 bytes, rounded the same way.
+its result and kept input + about 150 bytes (key, header) + 32,808 bytes for its
+member in the index; the value is rounded up to jemalloc's size class (up to +25 %,
+about +10 % on average). The kept input is 54-380 KiB (median 193) for the 22 photos of
+bench/cache_privacy.py at 512 px, about a quarter of that at 256 px. A result page: its
+two images + about 130 bytes, rounded the same way.
 
 The namespace holds the client's address (ANIMEGAN_CACHE_SCOPE "client"), so keys
 carry only a keyed BLAKE2b digest of it. Stored bytes use a small explicit binary
@@ -36,6 +42,7 @@ a member or value that does not parse is skipped like a miss.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import re
@@ -43,13 +50,15 @@ import secrets
 import struct
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image
 
 from .errors import ImageTooLarge
+from .jpeg_grid import JpegGrid, grid_of, same_source
 from .storage import MemoryStorage, Storage
 from .storage.memory import ITEM_OVERHEAD
 
@@ -96,6 +105,9 @@ class Fingerprint:
     luma: np.ndarray  # LUMA_SIDE x LUMA_SIDE uint8 (Y of YCbCr)
     chroma: np.ndarray  # CHROMA_SIDE x CHROMA_SIDE x 2 uint8 (Cb, Cr)
     cells: np.ndarray  # CELL_SIDE x CELL_SIDE uint16: a hash of each cell's pixels, 0 if flat
+    # the input itself, for the exact JPEG re-save check (never stored in an index member)
+    source: Image.Image | None = field(default=None, compare=False, repr=False)
+    jpeg: JpegGrid | None = field(default=None, compare=False)  # set if an exact JPEG decode
 
     @classmethod
     def of(cls, image: Image.Image, hash_size: int) -> Fingerprint:
@@ -113,7 +125,7 @@ class Fingerprint:
         chroma = grid[..., 1:].reshape(CHROMA_SIDE, step, CHROMA_SIDE, step, 2).mean(axis=(1, 3))
         return cls(int.from_bytes(bits.tobytes(), "big"), thumb, image.width / image.height,
                    np.ascontiguousarray(grid[..., 0]), chroma.round().astype(np.uint8),
-                   cell_hashes(image))
+                   cell_hashes(image), image, grid_of(image))
 
     @property
     def nbytes(self) -> int:
@@ -239,8 +251,8 @@ _CELLS_SHAPE = (CELL_SIDE, CELL_SIDE)
 _CELLS_DTYPE = np.dtype("<u2")
 _GRIDS_BYTES = (math.prod(_THUMB_SHAPE) * _THUMB_DTYPE.itemsize + math.prod(_LUMA_SHAPE)
                 + math.prod(_CHROMA_SHAPE) + math.prod(_CELLS_SHAPE) * _CELLS_DTYPE.itemsize)
-_ENTRY = struct.Struct("<4sII")  # magic, width, height
-_ENTRY_MAGIC = b"AGE1"
+_ENTRY = struct.Struct("<4sIII")  # magic, width, height, length of the result
+_ENTRY_MAGIC = b"AGE2"
 _PAGE = struct.Struct("<4sIIHHII")  # magic, width, height, then the four fields' lengths
 _PAGE_MAGIC = b"AGP1"
 
@@ -297,18 +309,41 @@ def decode_member(blob: bytes, hash_size: int) -> IndexMember | None:
                        Fingerprint(phash, thumbnail, aspect, luma, chroma, cells))
 
 
-def encode_entry(data: bytes, size: tuple[int, int]) -> bytes:
-    return _ENTRY.pack(_ENTRY_MAGIC, *size) + data
+def encode_entry(data: bytes, size: tuple[int, int], source: bytes = b"") -> bytes:
+    """An entry: header, the result, then its input as :func:`encode_source` wrote it."""
+    return _ENTRY.pack(_ENTRY_MAGIC, *size, len(data)) + data + source
 
 
 def decode_entry(blob: bytes | None) -> CachedResult | None:
     """The cached result in ``blob``, or ``None`` if there is none or it does not parse."""
     if not isinstance(blob, bytes) or len(blob) < _ENTRY.size:
         return None
-    magic, width, height = _ENTRY.unpack_from(blob)
-    if magic != _ENTRY_MAGIC:
+    magic, width, height, length = _ENTRY.unpack_from(blob)
+    end = _ENTRY.size + length
+    if magic != _ENTRY_MAGIC or end > len(blob):
         return None
-    return CachedResult(blob[_ENTRY.size:], (width, height))
+    return CachedResult(blob[_ENTRY.size:end], (width, height), blob[end:])
+
+
+def encode_source(image: Image.Image | None, grid: JpegGrid | None) -> bytes:
+    """An input as an entry keeps it: whether it is an exact JPEG decode (and its grid),
+    then its pixels as lossless WebP. Empty without an image."""
+    if image is None:
+        return b""
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, "WEBP", lossless=True, quality=0, method=0)
+    head = b"\x01" + grid.pack() if grid is not None else b"\x00"
+    return head + buffer.getvalue()
+
+
+def decode_source(blob: bytes) -> tuple[JpegGrid | None, bytes]:
+    """The grid and the WebP bytes :func:`encode_source` wrote (``None, b""`` if none)."""
+    if not blob or blob[0] not in (0, 1):
+        return None, b""
+    if blob[0] == 0:
+        return None, blob[1:]
+    grid, offset = JpegGrid.unpack(blob, 1)
+    return (grid, blob[offset:]) if grid is not None else (None, b"")
 
 
 def encode_page(result: StoredResult) -> bytes:
@@ -342,6 +377,24 @@ def decode_page(blob: bytes | None) -> StoredResult | None:
 class CachedResult:
     data: bytes
     size: tuple[int, int]
+    source: bytes = b""  # the input it was converted from (see encode_source)
+
+    def same_source(self, fingerprint: Fingerprint) -> bool | None:
+        """Whether ``fingerprint``'s input and this entry's are one JPEG re-save apart
+        (``True``), that but edited in some cells (``False``), or neither can tell
+        (``None``): see :mod:`flask_animegan.jpeg_grid`. Costs nothing unless one of
+        them is an exact JPEG decode and both have the same size."""
+        grid, webp = decode_source(self.source)
+        if fingerprint.source is None or not webp or (grid is None and fingerprint.jpeg is None):
+            return None
+        try:
+            with Image.open(io.BytesIO(webp), formats=("WEBP",)) as stored:
+                if stored.size != fingerprint.source.size:  # from the header: no decode
+                    return None
+                image = stored.convert("RGB")
+        except Exception:  # noqa: BLE001 - a value that does not parse is skipped
+            return None
+        return same_source(fingerprint.source, fingerprint.jpeg, image, grid)
 
 
 class NearDuplicateCache:
@@ -353,8 +406,10 @@ class NearDuplicateCache:
     window differs by more than ``local_tolerance`` times the pair's re-encoding noise
     (the checks before it let a blurred or pixelated face through: the photo around
     it still matches), and the pair is not bit-identical outside some changed cells (a
-    faint edit saved losslessly). Only the ``index_cap`` newest entries of a namespace are
-    candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
+    faint edit saved losslessly), and, when one input is an exact JPEG decode, the other
+    re-encoded with its tables reproduces it everywhere or nowhere (a faint edit saved
+    as JPEG: :mod:`flask_animegan.jpeg_grid`). Only the ``index_cap`` newest entries of a
+    namespace are candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
     ``max_bytes``. ``key`` (e.g. the app's secret key) keys the namespace digests.
     """
 
@@ -391,11 +446,16 @@ class NearDuplicateCache:
         if not self.enabled:
             return None
         digest = self._digest(namespace)
-        entry_id = self._match(fingerprint, self.storage.index(f"index:{digest}",
-                                                               self.index_cap))
         found = None
-        if entry_id is not None:  # expired or evicted since: a miss
+        for entry_id in self._match(fingerprint, self.storage.index(f"index:{digest}",
+                                                                    self.index_cap)):
             found = decode_entry(self.storage.get(f"entry:{digest}:{entry_id.hex()}"))
+            if found is None:  # expired or evicted since: a miss
+                break
+            if found.same_source(fingerprint) is False:  # an edited JPEG re-save
+                found = None
+                continue
+            break
         with self._lock:
             if found is None:
                 self.misses += 1
@@ -403,8 +463,8 @@ class NearDuplicateCache:
                 self.hits += 1
         return found
 
-    def _match(self, fingerprint: Fingerprint, members: list[bytes]) -> bytes | None:
-        """The id of the closest member that passes every check, or ``None``."""
+    def _match(self, fingerprint: Fingerprint, members: list[bytes]) -> Iterator[bytes]:
+        """The ids of the members that pass every check here, closest first."""
         oldest = time.time() - self.ttl  # the index outlives its older entries
         near = []
         for blob in members:  # newest first, so equal distances prefer the newest
@@ -420,8 +480,7 @@ class NearDuplicateCache:
         # the local check costs ~2 ms, so it runs last, closest candidate first
         for _, entry_id, other in sorted(near, key=lambda found: found[0]):
             if fingerprint.same_locally(other, self.local_tolerance):
-                return entry_id
-        return None
+                yield entry_id
 
     def put(self, namespace: tuple[object, ...], fingerprint: Fingerprint, data: bytes,
             size: tuple[int, int]) -> None:
@@ -430,8 +489,9 @@ class NearDuplicateCache:
             return
         digest = self._digest(namespace)
         member = IndexMember(time.time(), secrets.token_bytes(16), fingerprint)
+        source = encode_source(fingerprint.source, fingerprint.jpeg)
         self.storage.set_indexed(f"entry:{digest}:{member.entry_id.hex()}",
-                                 encode_entry(data, size), index=f"index:{digest}",
+                                 encode_entry(data, size, source), index=f"index:{digest}",
                                  member=encode_member(member, self.hash_size),
                                  ttl=self.ttl, cap=self.index_cap)
 

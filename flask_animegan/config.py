@@ -128,7 +128,9 @@ class Settings:
         'Seconds a cached result lives; 0 disables the cache.')
     cache_max_bytes: int = _setting(
         64 * 1024 * 1024, int,
-        'Byte budget of the result cache (least recently used results are evicted).')
+        'Byte budget of the result cache (least recently used results are evicted). An '
+        'entry holds its result, its input as lossless WebP (for the exact JPEG re-save '
+        'check; 50-380 KiB at 512 px, median 190) and a 29 KiB fingerprint.')
     phash_size: int = _setting(
         16, int,
         '`hash_size` of `imagehash.phash` used as the cache key (16 gives 256 bits).')

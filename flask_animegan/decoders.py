@@ -38,6 +38,7 @@ from .config import Settings
 from .decode_worker import FRAME
 from .decoding import DecodeLimits
 from .errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
+from .jpeg_grid import INFO_KEY, JpegGrid
 
 ISOLATIONS = ("process", "thread")
 _ERRORS: dict[str, type[ConversionError]] = {
@@ -258,7 +259,12 @@ class Decoder:
             break
         if not answer["ok"]:
             raise _ERRORS.get(answer["error"], BadImage)(answer["message"])
-        return Image.frombytes("RGB", (answer["width"], answer["height"]), pixels)
+        image = Image.frombytes("RGB", (answer["width"], answer["height"]), pixels)
+        if answer.get("jpeg") is not None:
+            grid = JpegGrid.from_json(answer["jpeg"])
+            if grid is not None:
+                image.info[INFO_KEY] = grid
+        return image
 
     def status(self) -> dict[str, Any]:
         return {"isolation": self.isolation, "slots": self.gate.slots,

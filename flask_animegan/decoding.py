@@ -33,6 +33,7 @@ import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
 from .errors import BadImage, ImageTooLarge, UnsupportedImage
+from .jpeg_grid import INFO_KEY, JpegGrid
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -167,17 +168,23 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
     """Decode an upload into an upright RGB image fitted to ``size`` (see :func:`fit`).
 
     JPEGs are decoded with Pillow's ``draft`` at the smallest DCT scale that still
-    covers the output. Raises BadImage (400), ImageTooLarge (413) or UnsupportedImage
-    (415) with a message fit for the person who sent the file.
+    covers the output. A JPEG whose pixels come out exactly as decoded (not scaled,
+    cropped, turned or colour-converted) carries its :class:`JpegGrid` in
+    ``info[INFO_KEY]``, for the cache's exact re-save check. Raises BadImage (400),
+    ImageTooLarge (413) or UnsupportedImage (415) with a message fit for the person
+    who sent the file.
     """
     image = open_upload(data, limits)
     fmt = image.format
     try:
         width, height = image.size
+        grid = None
         if fmt == "JPEG":
             scale = size / (min(width, height) if square else max(width, height))
             if scale < 1:
                 image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
+            elif not image.info.get("icc_profile"):
+                grid = JpegGrid.of(image)
         needed = decode_bytes_needed(image.mode, *image.size)
         if needed > limits.max_bytes:
             raise ImageTooLarge(
@@ -189,6 +196,8 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
         image = fit(to_rgb(image), size, square=square, source_size=(width, height))
         if orientation in _TRANSPOSE:
             image = image.transpose(_TRANSPOSE[orientation])
+        elif grid is not None and image.size == (width, height):
+            image.info[INFO_KEY] = grid
         return image
     except (ImageTooLarge, BadImage, UnsupportedImage):
         raise

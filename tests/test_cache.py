@@ -14,7 +14,7 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 from conftest import (COLOR_PHOTOS, PHOTOS, REPO, encode_image, open_image, photo, photo_bytes,
                       pixelated)
 from flask_animegan import imaging
-from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult
+from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult, encode_source
 from flask_animegan.storage import MemoryStorage
 
 
@@ -179,8 +179,11 @@ def test_the_byte_budget_evicts_least_recently_used_results():
     """Each client's namespace is its own index: the budget drops the least recently used."""
     names = ("astronaut", "coffee", "rocket", "retina")
     prints = {n: make_cache().fingerprint(fitted(photo(n), 64)) for n in names}
-    # room for three entries (an index of one fingerprint + about 7 KB of result) each
-    cache = NearDuplicateCache(MemoryStorage(3 * (prints["coffee"].nbytes + 9_000)), ttl=3600)
+    # room for three entries (an index of one fingerprint + about 7 KB of result + the
+    # kept input) each
+    kept = max(len(encode_source(p.source, p.jpeg)) for p in prints.values())
+    cache = NearDuplicateCache(MemoryStorage(3 * (prints["coffee"].nbytes + 9_000 + kept)),
+                               ttl=3600)
     for name in names[:2]:
         cache.put((name, "s", 64, "jpeg"), prints[name], name.encode() * 800, (64, 64))
     assert cache.get(("astronaut", "s", 64, "jpeg"), prints["astronaut"]) is not None
@@ -193,11 +196,18 @@ def test_the_byte_budget_evicts_least_recently_used_results():
     assert cache.get(("retina", "s", 64, "jpeg"), prints["retina"]) is not None
 
 
-def test_an_entry_costs_under_64_kb_beside_its_result():
+def test_an_entry_costs_under_64_kb_beside_its_result_and_its_kept_input():
+    """The entry keeps its input losslessly (for the exact JPEG re-save check): in less
+    than the raw pixels, and nothing else of size beside the result."""
     cache = make_cache()
     image = fitted(photo("astronaut"))
-    cache.put(("s", SIDE, "jpeg"), cache.fingerprint(image), b"", image.size)
-    assert cache.stats()["bytes"] < 64 * 1024
+    fingerprint = cache.fingerprint(image)
+    kept = len(encode_source(fingerprint.source, fingerprint.jpeg))
+    cache.put(("s", SIDE, "jpeg"), fingerprint, b"", image.size)
+    print(f"\nthe kept input: {kept / 1024:.0f} KiB; the raw pixels: "
+          f"{image.width * image.height * 3 / 1024:.0f} KiB")
+    assert kept < image.width * image.height * 3 * 0.6
+    assert cache.stats()["bytes"] - kept < 64 * 1024
 
 
 # -- local edits: one small changed region is a different photo ----------------------
@@ -228,14 +238,18 @@ def test_a_hidden_face_misses_whichever_copy_came_first(hide):
 def test_no_locally_edited_copy_gets_the_originals_result():
     """Blur, pixelation, an overlay or a pasted patch on 1 % of the area: zero hits.
 
-    Every photo x edit kind x output size, one seeded edit each, uploaded losslessly:
-    every one misses, visible or not. Some blur or pixelate a flat region (a night sky)
-    and change their box by under a level on average, less than re-encoding changes it;
-    those miss because the rest of the copy is bit-identical, which no re-encoded or
-    resized copy is (``Fingerprint.edited_losslessly``).
+    Every photo x edit kind x output size, one seeded edit each on the picture the
+    service converts, uploaded losslessly and as JPEG q90, each looked up in a cache
+    holding the other copy too: every one misses, visible or not. Some blur or pixelate
+    a flat region (a night sky) and change their box by under a level on average, less
+    than re-encoding changes it. Saved losslessly, those miss because the rest of the
+    copy is bit-identical (``Fingerprint.edited_losslessly``); saved as JPEG, because
+    re-encoding the original with the copy's tables reproduces the copy exactly except
+    there (``flask_animegan.jpeg_grid``). No re-encoded or resized copy is either.
     """
-    trials = privacy.edit_trials(privacy.PHOTOS, privacy.SIZES, seeds=[0])
-    assert len(privacy.PHOTOS) >= 20 and len(trials) == len(privacy.PHOTOS) * 4 * 2
+    trials = privacy.edit_trials(privacy.PHOTOS, privacy.SIZES, seeds=[0],
+                                 saved=("PNG", "JPEG"))
+    assert len(privacy.PHOTOS) >= 20 and len(trials) == len(privacy.PHOTOS) * 4 * 2 * 2
     unseen = [t for t in trials if not t.visible]
     print(f"\n{sum(t.hit for t in trials)} hits among {len(trials)} edited copies; "
           f"{len(unseen)} edits changed their box by < {privacy.VISIBLE} levels")
@@ -265,6 +279,58 @@ def test_a_faint_edit_of_a_flat_region_misses_when_saved_losslessly():
     assert cache.get(("s", 512, "jpeg"), prints["faint"]) is None
     assert cache.get(("s", 512, "jpeg"), prints["again"]) is not None
     assert cache.get(("s", 512, "jpeg"), prints["jpeg"]) is not None
+
+
+def test_a_faint_edit_of_a_flat_region_misses_when_saved_as_jpeg():
+    """The same blur of the night sky, saved as JPEG q90: it changes its box by about
+    what the JPEG itself changes there, yet misses whichever copy came first, because
+    re-encoding the other copy with its tables reproduces it exactly except there; a
+    plain q90 re-save of the original, reproduced everywhere, hits."""
+    original = fitted(photo("rocket"), 512)
+    box = (224, 32, 275, 66)
+    faint = upload_as(blurred(original, box, 5), "JPEG", 512, quality=90)
+    plain = upload_as(original, "JPEG", 512, quality=90)
+    change, noise = (np.abs(np.asarray(copy.crop(box), np.float32)
+                            - np.asarray(original.crop(box), np.float32)).mean()
+                     for copy in (faint, plain))
+    assert 0 < change < 2 * noise, (change, noise)  # no statistic tells it from the JPEG
+    for first, second, hit in ((original, faint, False), (faint, original, False),
+                               (original, plain, True), (plain, original, True)):
+        cache = make_cache()
+        cache.put(("s", 512, "jpeg"), cache.fingerprint(first), b"first", first.size)
+        assert (cache.get(("s", 512, "jpeg"), cache.fingerprint(second)) is not None) == hit
+
+
+def upload_as(image: Image.Image, fmt: str, size: int, **params) -> Image.Image:
+    """``image`` saved as ``fmt``, then decoded and fitted as the service does."""
+    data = encode_image(image, fmt, **params)
+    return imaging.decode_upload(data, max_pixels=10**8, size=size)
+
+
+@pytest.mark.parametrize("multipart", [False, True], ids=["raw body", "multipart"])
+def test_api_a_faint_jpeg_edit_misses_and_a_jpeg_re_save_hits(make_app, multipart):
+    """Through the API (decoded in the helper process, which hands the JPEG grid back):
+    the original, then the faintly edited JPEG (MISS, its own result), then a plain JPEG
+    re-save of the original (HIT, the original's result)."""
+    client = make_app(ANIMEGAN_MAX_SIDE=512).test_client()
+    original = fitted(photo("rocket"), 512)
+    files = {"original": encode_image(original, "PNG"),
+             "faint edit": encode_image(blurred(original, (224, 32, 275, 66), 5), "JPEG",
+                                        quality=90),
+             "re-saved": encode_image(original, "JPEG", quality=90)}
+    answers = {}
+    for name, data in files.items():
+        if multipart:
+            response = client.post("/animegan/convert",
+                                   data={"image": (io.BytesIO(data), "photo")},
+                                   content_type="multipart/form-data")
+        else:
+            response = post(client, data)
+        assert response.status_code == 200, response.json
+        answers[name] = (response.headers["X-Cache"], response.data)
+    assert [answers[name][0] for name in files] == ["MISS", "MISS", "HIT"]
+    assert answers["re-saved"][1] == answers["original"][1]
+    assert answers["faint edit"][1] != answers["original"][1]
 
 
 def test_re_encoded_and_resized_copies_hit_at_both_sizes():

@@ -17,8 +17,9 @@ from PIL import Image
 
 from conftest import encode_image, photo, pixelated
 from flask_animegan import imaging
-from flask_animegan.cache import (IndexMember, NearDuplicateCache, ResultStore, StoredResult,
-                                  decode_member, encode_member)
+from flask_animegan.cache import (CachedResult, IndexMember, NearDuplicateCache, ResultStore,
+                                  StoredResult, decode_entry, decode_member, encode_entry,
+                                  encode_member, encode_source)
 from flask_animegan.errors import ImageTooLarge
 from flask_animegan.storage import MemoryStorage, open_storage
 from flask_animegan.storage.memory import ITEM_OVERHEAD
@@ -280,22 +281,28 @@ def test_bytes_stored_per_entry_on_redis(redis_server, astronaut):
     client = redis_server.client()
     namespace = ("203.0.113.7", "style", SIDE, "jpeg")
     index = f"{PREFIX}index:{cache._digest(namespace)}"
-    usage = {}
+    usage, values = {}, {}
     for name in ("original", "coffee"):
         result = np.random.default_rng(1).bytes(30_000)  # a 256 px JPEG's order of size
-        cache.put(namespace, cache.fingerprint(astronaut[name]), result, (SIDE, SIDE))
+        fingerprint = cache.fingerprint(astronaut[name])
+        values[name] = 30_000 + len(encode_source(fingerprint.source, fingerprint.jpeg))
+        cache.put(namespace, fingerprint, result, (SIDE, SIDE))
         usage[name] = client.memory_usage(index, samples=0)
     member = usage["coffee"] - usage["original"]
-    entries = client.keys(PREFIX + "entry:*")
-    entry = max(client.memory_usage(key, samples=0) for key in entries) - 30_000
+    entry = {name: client.memory_usage(f"{PREFIX}entry:{cache._digest(namespace)}:"
+                                       f"{decode_member(blob, 16).entry_id.hex()}", samples=0)
+             for name, blob in zip(("coffee", "original"), client.lrange(index, 0, -1))}
+    extra = max(entry[name] - values[name] for name in entry)
     token = pages.add(StoredResult(result, result, "image/jpeg", "style", (SIDE, SIDE)))
     page = client.memory_usage(f"page:{token}", samples=0) - 60_000
-    print(f"\nper cache entry: its result + {entry} B (key, header, allocator rounding) "
-          f"+ {member} B in its index (a first index: {usage['original']} B); "
+    print(f"\nper cache entry: its result and kept input ({values['original'] - 30_000:,} B "
+          f"for the astronaut at {SIDE} px) + up to {extra} B (key, header, allocator "
+          f"rounding) + {member} B in its index (a first index: {usage['original']} B); "
           f"per page: its images + {page} B")
     assert len(client.lindex(index, 0)) == 29_766
     assert member < 33 * 1024 and usage["original"] < 33 * 1024
-    assert entry < 30_000 // 4 + 200 and page < 60_000 // 4 + 200
+    assert all(0 < entry[name] - values[name] < values[name] // 4 + 200 for name in entry)
+    assert page < 60_000 // 4 + 200
 
 
 # -- Redis outages ----------------------------------------------------------------------------
@@ -446,3 +453,20 @@ def test_a_member_round_trips_exactly(astronaut):
     for name in ("thumbnail", "luma", "chroma", "cells"):
         assert np.array_equal(getattr(again, name), getattr(fingerprint, name)), name
     assert again.local_difference(fingerprint) == fingerprint.local_difference(fingerprint)
+
+
+def test_an_entry_round_trips_with_its_kept_input_and_a_cut_one_never_raises(astronaut):
+    """An entry: its result, then the kept input (grid flag, grid, lossless WebP)."""
+    jpeg = imaging.decode_upload(encode_image(astronaut["original"], "JPEG", quality=90),
+                                 max_pixels=10**8, size=SIDE)
+    for image in (astronaut["original"], jpeg):
+        fingerprint = NearDuplicateCache(MemoryStorage(1), ttl=1).fingerprint(image)
+        source = encode_source(fingerprint.source, fingerprint.jpeg)
+        blob = encode_entry(b"the result", image.size, source)
+        assert decode_entry(blob) == CachedResult(b"the result", image.size, source)
+        assert decode_entry(blob).same_source(fingerprint) is (
+            True if fingerprint.jpeg is not None else None)  # no grid: nothing to prove
+        for end in range(0, len(blob), 97):  # cut anywhere: a miss or no verdict, no error
+            found = decode_entry(blob[:end])
+            assert found is None or found.same_source(fingerprint) in (None, True, False)
+    assert decode_entry(b"AGE1" + blob[4:]) is None  # the format before the kept input

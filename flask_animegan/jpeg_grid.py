@@ -1,0 +1,173 @@
+"""Whether one input is a JPEG re-save of the other, or an edited copy of it: exactly.
+
+A JPEG decoded at its own size (no reduced-scale decode, resize, crop, turn or colour
+profile) is exactly what the decoder reconstructs from its quantised coefficients.
+Encoding the other input with the same quantisation tables and chroma subsampling,
+then decoding it, reproduces those pixels bit for bit when one input is a JPEG save of
+the other (measured on every photo of ``bench/cache_privacy.py`` at q70-95: 0 pixels
+differ). A copy edited before it was saved differs in the cells it changed, however
+faintly: a blur of a night sky that changes it by under a level, which no statistic of
+the pictures can tell from the noise JPEG adds, changes 4-27 of its 16x16 cells.
+
+So when at least half of the textured cells come out identical, the pair has one
+source, and any cell that differs was edited. When fewer do (another encoder, other
+tables, a resized copy), there is no verdict and the statistical checks of
+:mod:`flask_animegan.cache` decide alone.
+
+Needs only Pillow and NumPy: the grid is read in the decode helper processes.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from PIL import Image, JpegImagePlugin
+
+#: Where a decoded upload carries its grid (``Image.info``); absent when the pixels are
+#: not the JPEG's own (resized, cropped, turned, colour-converted) or not a JPEG.
+INFO_KEY = "animegan.jpeg_grid"
+
+CELL = 16  # pixels: one MCU at 4:2:0, four blocks at 4:4:4
+SHARE = 0.5  # of textured cells identical: the two inputs have one source
+MIN_CELLS = 16  # fewer textured cells than this (a flat picture): no verdict
+
+_MODES = {"RGB": 3, "L": 1}
+_TABLES_FOR_LAYERS = {"RGB": [0, 1, 1], "L": [0]}  # what Pillow's encoder writes
+_HEADER = struct.Struct("<BbB")  # mode (1 or 3 bands), subsampling, number of tables
+
+
+@dataclass(frozen=True)
+class JpegGrid:
+    """What re-encoding needs to reproduce a JPEG: its tables and chroma subsampling."""
+
+    mode: str  # "RGB" (YCbCr in the file) or "L"
+    subsampling: int  # Pillow's code: 0 (4:4:4), 1 (4:2:2), 2 (4:2:0); -1 for "L"
+    qtables: tuple[tuple[int, ...], ...]  # 64 values each, in Pillow's (natural) order
+
+    @classmethod
+    def of(cls, image: Image.Image) -> JpegGrid | None:
+        """The grid of an opened JPEG that Pillow's encoder can reproduce, else ``None``."""
+        if not isinstance(image, JpegImagePlugin.JpegImageFile) or image.mode not in _MODES:
+            return None
+        try:
+            tables = [tuple(int(v) for v in image.quantization[i])
+                      for i in sorted(image.quantization)]
+            layers = [layer[3] for layer in image.layer]
+        except (AttributeError, KeyError, TypeError, ValueError, IndexError):
+            return None
+        sampling = JpegImagePlugin.get_sampling(image) if image.mode == "RGB" else -1
+        if (layers != _TABLES_FOR_LAYERS[image.mode] or len(tables) != max(layers) + 1
+                or any(len(t) != 64 or not all(1 <= v <= 65535 for v in t) for t in tables)
+                or (image.mode == "RGB" and sampling not in (0, 1, 2))):
+            return None
+        return cls(image.mode, sampling, tuple(tables))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "subsampling": self.subsampling,
+                "qtables": [list(t) for t in self.qtables]}
+
+    @classmethod
+    def from_json(cls, value: Any) -> JpegGrid | None:
+        """The grid in ``value`` (from a decode helper), or ``None`` if it is not one."""
+        try:
+            grid = cls(str(value["mode"]), int(value["subsampling"]),
+                       tuple(tuple(int(v) for v in t) for t in value["qtables"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return grid if grid.valid() else None
+
+    def valid(self) -> bool:
+        return (self.mode in _MODES and 1 <= len(self.qtables) <= 4
+                and all(len(t) == 64 and all(1 <= v <= 65535 for v in t) for t in self.qtables))
+
+    def pack(self) -> bytes:
+        """Bytes for a cache entry: mode, subsampling, tables (little-endian uint16)."""
+        head = _HEADER.pack(_MODES[self.mode], self.subsampling, len(self.qtables))
+        return head + np.asarray(self.qtables, "<u2").tobytes()
+
+    @classmethod
+    def unpack(cls, blob: bytes, offset: int = 0) -> tuple[JpegGrid | None, int]:
+        """The grid packed at ``offset`` and the offset after it (``None`` if malformed)."""
+        if len(blob) < offset + _HEADER.size:
+            return None, len(blob)
+        bands, subsampling, count = _HEADER.unpack_from(blob, offset)
+        offset += _HEADER.size
+        end = offset + count * 128
+        if len(blob) < end or not 1 <= count <= 4:
+            return None, len(blob)
+        tables = np.frombuffer(blob, "<u2", count * 64, offset).reshape(count, 64)
+        mode = {3: "RGB", 1: "L"}.get(bands, "")
+        grid = cls(mode, subsampling, tuple(tuple(int(v) for v in t) for t in tables))
+        return (grid if grid.valid() else None), end
+
+    def reencode(self, image: Image.Image) -> np.ndarray:
+        """``image`` saved with this grid's tables and subsampling, decoded, as RGB pixels."""
+        source = image.convert(self.mode)
+        params: dict[str, Any] = {"qtables": [list(t) for t in self.qtables]}
+        if self.mode == "RGB":
+            params["subsampling"] = self.subsampling
+        buffer = io.BytesIO()
+        source.save(buffer, "JPEG", **params)
+        with Image.open(buffer) as decoded:
+            return np.asarray(decoded.convert("RGB"))
+
+
+def grid_of(image: Image.Image) -> JpegGrid | None:
+    """The grid a decoded upload carries (see :data:`INFO_KEY`)."""
+    grid = image.info.get(INFO_KEY)
+    return grid if isinstance(grid, JpegGrid) else None
+
+
+def same_source(first: Image.Image, first_grid: JpegGrid | None,
+                second: Image.Image, second_grid: JpegGrid | None) -> bool | None:
+    """``True`` if one input is the other saved as JPEG (or identical), ``False`` if it is
+    that except in some cells (edited before saving), ``None`` if this cannot tell.
+
+    Each input that is an exact JPEG decode is tried as a re-save of the other.
+    """
+    if first.size != second.size:
+        return None
+    a, b = np.asarray(first.convert("RGB")), np.asarray(second.convert("RGB"))
+    if np.array_equal(a, b):
+        return True
+    verdicts = []
+    for grid, source, target in ((first_grid, second, a), (second_grid, first, b)):
+        if grid is None:
+            continue
+        try:
+            candidate = grid.reencode(source)
+        except (OSError, ValueError, TypeError):  # tables Pillow's encoder refuses
+            continue
+        verdict = _cells_agree(candidate, target)
+        if verdict:
+            return True
+        verdicts.append(verdict)
+    return False if False in verdicts else None
+
+
+def _cells_agree(candidate: np.ndarray, target: np.ndarray) -> bool | None:
+    """Whether every CELL x CELL cell is identical; ``None`` unless most textured ones are."""
+    height, width = target.shape[:2]
+    rows, columns = -(-height // CELL), -(-width // CELL)
+
+    def cells(pixels: np.ndarray) -> np.ndarray:
+        padded = np.zeros((rows * CELL, columns * CELL, 3), np.int16)
+        padded[:height, :width] = pixels
+        padded[height:, :] = padded[height - 1:height, :]  # edge cells stay flat if flat
+        padded[:, width:] = padded[:, width - 1:width]
+        grid: np.ndarray = padded.reshape(rows, CELL, columns, CELL, 3).transpose(0, 2, 1, 3, 4)
+        return grid
+
+    new, old = cells(candidate), cells(target)
+    differ = (new != old).any(axis=(2, 3, 4))
+    textured = ((new != new[:, :, :1, :1]).any(axis=(2, 3, 4))
+                | (old != old[:, :, :1, :1]).any(axis=(2, 3, 4)))
+    count = int(textured.sum())
+    identical = int((textured & ~differ).sum())
+    if count < MIN_CELLS or identical < SHARE * count:
+        return None
+    return not bool(differ.any())

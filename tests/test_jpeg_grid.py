@@ -1,0 +1,157 @@
+"""The exact JPEG re-save check: which decodes carry a grid, and what re-encoding proves."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import numpy as np
+import pytest
+from PIL import Image, ImageCms, ImageFilter
+
+from conftest import PHOTOS, encode_image, photo
+from flask_animegan import imaging
+from flask_animegan.decoders import Decoder
+from flask_animegan.decoding import DecodeLimits
+from flask_animegan.jpeg_grid import INFO_KEY, JpegGrid, grid_of, same_source
+
+SIDE = 256
+
+
+def fitted_photo(name: str, size: int = SIDE) -> Image.Image:
+    """The photo as the service would fit it, via a lossless file."""
+    data = encode_image(photo(name), "PNG", compress_level=0)
+    return imaging.decode_upload(data, max_pixels=10**8, size=size)
+
+
+def decoded(data: bytes, size: int = SIDE, square: bool = False) -> Image.Image:
+    return imaging.decode_upload(data, max_pixels=10**8, size=size, square=square)
+
+
+def faint_blur(image: Image.Image, box: tuple[int, int, int, int]) -> Image.Image:
+    copy = image.copy()
+    copy.paste(image.filter(ImageFilter.GaussianBlur(5)).crop(box), box[:2])
+    return copy
+
+
+# -- which decodes carry a grid ---------------------------------------------------------
+
+@pytest.mark.parametrize("params", [{"quality": 90}, {"quality": 75, "subsampling": 0},
+                                    {"quality": 95, "subsampling": 1},
+                                    {"quality": 85, "progressive": True}],
+                         ids=["q90 4:2:0", "q75 4:4:4", "q95 4:2:2", "progressive"])
+def test_a_jpeg_decoded_at_its_own_size_carries_its_grid(params):
+    image = fitted_photo("coffee")
+    data = encode_image(image, "JPEG", **params)
+    found = grid_of(decoded(data))
+    assert found is not None and found == JpegGrid.of(Image.open(io.BytesIO(data)))
+    assert found.subsampling == params.get("subsampling", 2)
+
+
+def test_a_gray_jpeg_carries_a_one_table_grid():
+    data = encode_image(fitted_photo("camera").convert("L"), "JPEG", quality=90)
+    found = grid_of(decoded(data))
+    assert found is not None and found.mode == "L" and len(found.qtables) == 1
+
+
+def exif_turned(image: Image.Image) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return encode_image(image, "JPEG", quality=90, exif=exif.tobytes())
+
+
+@pytest.mark.parametrize("upload, size, square", [
+    pytest.param(lambda im: encode_image(im, "JPEG"), 200, False, id="scaled down"),
+    pytest.param(lambda im: encode_image(im, "JPEG", quality=90), SIDE, True,
+                 id="cropped to a square"),
+    pytest.param(exif_turned, SIDE, False, id="EXIF turned"),
+    pytest.param(lambda im: encode_image(im, "JPEG", icc_profile=ImageCms.ImageCmsProfile(
+        ImageCms.createProfile("sRGB")).tobytes()), SIDE, False, id="colour profile"),
+    pytest.param(lambda im: encode_image(im, "PNG"), SIDE, False, id="PNG"),
+    pytest.param(lambda im: encode_image(im.convert("CMYK"), "JPEG"), SIDE, False, id="CMYK"),
+])
+def test_pixels_that_are_not_the_jpegs_own_carry_no_grid(upload, size, square):
+    image = fitted_photo("chelsea")  # 256 x 170: a square crop or a downscale changes it
+    data = upload(image)
+    assert grid_of(decoded(data, size=size, square=square)) is None
+    if size != SIDE or square:  # the same file, decoded as it is, does carry one
+        assert grid_of(decoded(data)) is not None
+
+
+def test_the_grid_crosses_the_decode_helper_process():
+    data = encode_image(fitted_photo("rocket"), "JPEG", quality=90)
+    answers = {}
+    for isolation in ("process", "thread"):
+        decoder = Decoder(limits=DecodeLimits(), isolation=isolation, timeout=10, slots=1,
+                          max_queue=2, queue_timeout=5)
+        image = decoder.decode(data, size=SIDE)
+        answers[isolation] = (grid_of(image), image.tobytes())
+    assert answers["process"] == answers["thread"] and answers["process"][0] is not None
+
+
+# -- the grid's own formats ----------------------------------------------------------------
+
+def test_a_grid_round_trips_through_json_and_bytes():
+    grid = grid_of(decoded(encode_image(fitted_photo("astronaut"), "JPEG", quality=83)))
+    assert JpegGrid.from_json(grid.to_json()) == grid
+    packed = grid.pack()
+    assert JpegGrid.unpack(b"xy" + packed + b"tail", 2) == (grid, 2 + len(packed))
+
+
+def test_malformed_grids_read_as_none_and_never_raise():
+    packed = grid_of(decoded(encode_image(fitted_photo("coffee"), "JPEG"))).pack()
+    for end in range(len(packed)):
+        assert JpegGrid.unpack(packed[:end])[0] is None
+    rng = random.Random(7)
+    for _ in range(300):
+        blob = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+        grid, _ = JpegGrid.unpack(blob)
+        assert grid is None or grid.valid()
+    for value in (None, 1, "x", {}, {"mode": "RGB"}, {"mode": "P", "subsampling": 2,
+                                                       "qtables": [[1] * 64]},
+                  {"mode": "L", "subsampling": -1, "qtables": [[0] * 64]},
+                  {"mode": "L", "subsampling": -1, "qtables": [[1] * 63]}):
+        assert JpegGrid.from_json(value) is None
+
+
+# -- what re-encoding proves -----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PHOTOS)
+def test_every_jpeg_re_save_of_an_input_is_recognised_exactly(name):
+    """Each photo saved at q70-95 and each subsampling: the same source, both ways."""
+    original = fitted_photo(name)
+    for quality, subsampling in ((70, 2), (85, 0), (95, 1), (90, 2)):
+        copy = decoded(encode_image(original, "JPEG", quality=quality, subsampling=subsampling))
+        assert same_source(copy, grid_of(copy), original, None) is True, (quality, subsampling)
+        assert same_source(original, None, copy, grid_of(copy)) is True
+        again = decoded(encode_image(copy, "JPEG", quality=quality, subsampling=subsampling))
+        assert same_source(again, grid_of(again), copy, grid_of(copy)) is True
+
+
+@pytest.mark.parametrize("name", ["rocket", "moon", "clock", "retina"])
+def test_a_faint_edit_saved_as_jpeg_is_an_edit_both_ways(name):
+    """A blur of a flat corner (under a level on average) cannot hide in re-encoding noise."""
+    original = fitted_photo(name)
+    box = (8, 8, 8 + original.width // 10, 8 + original.height // 10)
+    edited = decoded(encode_image(faint_blur(original, box), "JPEG", quality=90))
+    change = np.abs(np.asarray(edited.crop(box), np.float32)
+                    - np.asarray(original.crop(box), np.float32)).mean()
+    plain = decoded(encode_image(original, "JPEG", quality=90))
+    noise = np.abs(np.asarray(plain.crop(box), np.float32)
+                   - np.asarray(original.crop(box), np.float32)).mean()
+    print(f"\n{name}: the edit changes its box by {change:.2f} levels, a re-save by {noise:.2f}")
+    assert same_source(edited, grid_of(edited), original, None) is False
+    assert same_source(original, None, edited, grid_of(edited)) is False
+    assert same_source(plain, grid_of(plain), original, None) is True
+
+
+def test_inputs_of_other_sizes_or_without_a_grid_get_no_verdict():
+    original = fitted_photo("coffee")
+    copy = decoded(encode_image(original, "JPEG", quality=90))
+    smaller = original.resize((original.width - 8, original.height - 8))
+    assert same_source(copy, grid_of(copy), smaller, None) is None
+    lossless_edit = faint_blur(original, (0, 0, 40, 40))
+    assert same_source(lossless_edit, None, original, None) is None  # the cell hashes' job
+    other = fitted_photo("chelsea").resize(original.size)
+    assert same_source(copy, grid_of(copy), other, None) is None  # nothing in common
+    assert INFO_KEY in copy.info
