@@ -425,6 +425,32 @@ def costs(size: int = 512, repeats: int = 50) -> str:
             f"size as a candidate that passed every other check): {exact * 1000:.1f} ms")
 
 
+def sibling_jpegs(photos: Sequence[str], sizes: Sequence[int]) -> str:
+    """How the exact re-save check judges two JPEGs saved from one photo at different
+    qualities (neither a re-save of the other): ``None`` leaves it to the statistics,
+    "edited" is a miss it causes (a cost, never a leak)."""
+    verdicts: dict[str, int] = defaultdict(int)
+    edited_pairs = []
+    for name in photos:
+        for size in sizes:
+            image = upload(encode(photo(name), "PNG"), size)
+            for first in (70, 85, 95, 100):
+                for second in (70, 75, 85, 90, 95):
+                    if first == second:
+                        continue
+                    a, b = (upload(encode(image, "JPEG", quality=q), size)
+                            for q in (first, second))
+                    verdict = same_source(b, grid_of(b), a, grid_of(a))
+                    label = {True: "same", False: "edited", None: "no verdict"}[verdict]
+                    verdicts[label] += 1
+                    if verdict is False:
+                        edited_pairs.append(f"{name} @ {size} px, q{first} and q{second}")
+    total = sum(verdicts.values())
+    return ("## Two JPEGs of one photo at different qualities (exact check's verdicts)\n\n"
+            + ", ".join(f"{label}: {count}/{total}" for label, count in sorted(verdicts.items()))
+            + "\n\n" + "\n".join(f"- edited: {pair}" for pair in edited_pairs))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cache_privacy",
                                      description=__doc__.split("\n")[0])
@@ -441,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# Cache privacy: {len(PHOTOS)} photos x {len(EDITS)} edits x {len(SIZES)} sizes"
           f" x {len(seeds)} seeds\n")
     print(report(trials, SIZES, tolerance))
+    if not args.quick:
+        print("\n" + sibling_jpegs(PHOTOS, SIZES))
     print("\n" + costs())
     print(f"\n({time.monotonic() - started:.0f} s)", file=sys.stderr)
     return 0

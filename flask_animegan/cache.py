@@ -331,7 +331,10 @@ def encode_source(image: Image.Image | None, grid: JpegGrid | None) -> bytes:
     if image is None:
         return b""
     buffer = io.BytesIO()
-    image.convert("RGB").save(buffer, "WEBP", lossless=True, quality=0, method=0)
+    try:
+        image.convert("RGB").save(buffer, "WEBP", lossless=True, quality=0, method=0)
+    except (OSError, ValueError):  # e.g. a side over WebP's 16,383: keep no input
+        return b""
     head = b"\x01" + grid.pack() if grid is not None else b"\x00"
     return head + buffer.getvalue()
 

@@ -470,3 +470,13 @@ def test_an_entry_round_trips_with_its_kept_input_and_a_cut_one_never_raises(ast
             found = decode_entry(blob[:end])
             assert found is None or found.same_source(fingerprint) in (None, True, False)
     assert decode_entry(b"AGE1" + blob[4:]) is None  # the format before the kept input
+
+
+def test_an_input_webp_cannot_hold_is_not_kept_and_its_entry_still_stores():
+    wide = Image.new("RGB", (16_400, 2), (10, 20, 30))  # over WebP's 16,383 per side
+    assert encode_source(wide, None) == b""
+    cache = NearDuplicateCache(MemoryStorage(10**7), ttl=60)
+    fingerprint = cache.fingerprint(wide)
+    cache.put(("c", "s", 16_400, "jpeg"), fingerprint, b"result", wide.size)
+    found = cache.get(("c", "s", 16_400, "jpeg"), fingerprint)
+    assert found is not None and found.data == b"result" and found.source == b""
