@@ -58,7 +58,7 @@ import numpy as np
 from PIL import Image
 
 from .errors import ImageTooLarge
-from .jpeg_grid import JpegGrid, grid_of, same_source
+from .jpeg_grid import LOSSY_KEY, JpegGrid, grid_of, same_source
 from .storage import MemoryStorage, Storage
 from .storage.memory import ITEM_OVERHEAD
 
@@ -108,6 +108,7 @@ class Fingerprint:
     # the input itself, for the exact JPEG re-save check (never stored in an index member)
     source: Image.Image | None = field(default=None, compare=False, repr=False)
     jpeg: JpegGrid | None = field(default=None, compare=False)  # set if an exact JPEG decode
+    lossy_webp: bool = field(default=False, compare=False)  # shares only identical pixels
 
     @classmethod
     def of(cls, image: Image.Image, hash_size: int) -> Fingerprint:
@@ -125,7 +126,7 @@ class Fingerprint:
         chroma = grid[..., 1:].reshape(CHROMA_SIDE, step, CHROMA_SIDE, step, 2).mean(axis=(1, 3))
         return cls(int.from_bytes(bits.tobytes(), "big"), thumb, image.width / image.height,
                    np.ascontiguousarray(grid[..., 0]), chroma.round().astype(np.uint8),
-                   cell_hashes(image), image, grid_of(image))
+                   cell_hashes(image), image, grid_of(image), bool(image.info.get(LOSSY_KEY)))
 
     @property
     def nbytes(self) -> int:
@@ -325,9 +326,13 @@ def decode_entry(blob: bytes | None) -> CachedResult | None:
     return CachedResult(blob[_ENTRY.size:end], (width, height), blob[end:])
 
 
-def encode_source(image: Image.Image | None, grid: JpegGrid | None) -> bytes:
-    """An input as an entry keeps it: whether it is an exact JPEG decode (and its grid),
-    then its pixels as lossless WebP. Empty without an image."""
+_PLAIN, _GRID, _LOSSY_WEBP = 0, 1, 2  # the kept input's first byte
+
+
+def encode_source(image: Image.Image | None, grid: JpegGrid | None,
+                  lossy_webp: bool = False) -> bytes:
+    """An input as an entry keeps it: whether it is an exact JPEG decode (then its grid)
+    or a lossy WebP, then its pixels as lossless WebP. Empty without an image."""
     if image is None:
         return b""
     buffer = io.BytesIO()
@@ -335,18 +340,22 @@ def encode_source(image: Image.Image | None, grid: JpegGrid | None) -> bytes:
         image.convert("RGB").save(buffer, "WEBP", lossless=True, quality=0, method=0)
     except (OSError, ValueError):  # e.g. a side over WebP's 16,383: keep no input
         return b""
-    head = b"\x01" + grid.pack() if grid is not None else b"\x00"
+    if grid is not None:
+        head = bytes([_GRID]) + grid.pack()
+    else:
+        head = bytes([_LOSSY_WEBP if lossy_webp else _PLAIN])
     return head + buffer.getvalue()
 
 
-def decode_source(blob: bytes) -> tuple[JpegGrid | None, bytes]:
-    """The grid and the WebP bytes :func:`encode_source` wrote (``None, b""`` if none)."""
-    if not blob or blob[0] not in (0, 1):
-        return None, b""
-    if blob[0] == 0:
-        return None, blob[1:]
+def decode_source(blob: bytes) -> tuple[JpegGrid | None, bool, bytes]:
+    """The grid, the lossy-WebP mark and the WebP bytes :func:`encode_source` wrote
+    (``None, False, b""`` if there are none or they do not parse)."""
+    if not blob or blob[0] not in (_PLAIN, _GRID, _LOSSY_WEBP):
+        return None, False, b""
+    if blob[0] != _GRID:
+        return None, blob[0] == _LOSSY_WEBP, blob[1:]
     grid, offset = JpegGrid.unpack(blob, 1)
-    return (grid, blob[offset:]) if grid is not None else (None, b"")
+    return (grid, False, blob[offset:]) if grid is not None else (None, False, b"")
 
 
 def encode_page(result: StoredResult) -> bytes:
@@ -385,18 +394,24 @@ class CachedResult:
     def same_source(self, fingerprint: Fingerprint) -> bool | None:
         """Whether ``fingerprint``'s input and this entry's are one JPEG re-save apart
         (``True``), that but edited in some cells (``False``), or neither can tell
-        (``None``): see :mod:`flask_animegan.jpeg_grid`. Costs nothing unless one of
-        them is an exact JPEG decode and both have the same size."""
-        grid, webp = decode_source(self.source)
-        if fingerprint.source is None or not webp or (grid is None and fingerprint.jpeg is None):
+        (``None``): see :mod:`flask_animegan.jpeg_grid`. If either is a lossy WebP, only
+        identical pixels are the same (``True``), anything else ``False``. Costs nothing
+        unless one of them is an exact JPEG decode or a lossy WebP."""
+        grid, lossy, webp = decode_source(self.source)
+        strict = lossy or fingerprint.lossy_webp
+        if (fingerprint.source is None or not webp
+                or (not strict and grid is None and fingerprint.jpeg is None)):
             return None
         try:
             with Image.open(io.BytesIO(webp), formats=("WEBP",)) as stored:
                 if stored.size != fingerprint.source.size:  # from the header: no decode
-                    return None
+                    return False if strict else None
                 image = stored.convert("RGB")
         except Exception:  # noqa: BLE001 - a value that does not parse is skipped
             return None
+        if strict:
+            return bool(np.array_equal(np.asarray(image),
+                                       np.asarray(fingerprint.source.convert("RGB"))))
         return same_source(fingerprint.source, fingerprint.jpeg, image, grid)
 
 
@@ -411,7 +426,7 @@ class NearDuplicateCache:
     it still matches), and the pair is not bit-identical outside some changed cells (a
     faint edit saved losslessly), and, when one input is an exact JPEG decode, the other
     re-encoded with its tables reproduces it everywhere or nowhere (a faint edit saved
-    as JPEG: :mod:`flask_animegan.jpeg_grid`). Only the ``index_cap`` newest entries of a
+    as JPEG: :mod:`flask_animegan.jpeg_grid`); a lossy WebP hits only identical pixels. Only the ``index_cap`` newest entries of a
     namespace are candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
     ``max_bytes``. ``key`` (e.g. the app's secret key) keys the namespace digests.
     """
@@ -492,7 +507,7 @@ class NearDuplicateCache:
             return
         digest = self._digest(namespace)
         member = IndexMember(time.time(), secrets.token_bytes(16), fingerprint)
-        source = encode_source(fingerprint.source, fingerprint.jpeg)
+        source = encode_source(fingerprint.source, fingerprint.jpeg, fingerprint.lossy_webp)
         self.storage.set_indexed(f"entry:{digest}:{member.entry_id.hex()}",
                                  encode_entry(data, size, source), index=f"index:{digest}",
                                  member=encode_member(member, self.hash_size),

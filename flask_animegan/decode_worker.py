@@ -6,7 +6,8 @@ It reads requests from stdin and writes answers to stdout, one at a time:
 * request: ``>II`` (header length, data length), a JSON header
   (``size``, ``square``, ``limits``, ``memory``), then the file's bytes;
 * answer: ``>II`` (header length, payload length), a JSON header (``ok``, ``width``,
-  ``height``, ``jpeg`` (the :class:`~flask_animegan.jpeg_grid.JpegGrid` or null), or
+  ``height``, ``jpeg`` (the :class:`~flask_animegan.jpeg_grid.JpegGrid` or null),
+  ``lossy_webp``, or
   ``error`` and ``message``), then the RGB pixels of the fitted image.
 
 Each decode runs under an address-space limit of ``memory`` bytes above what the
@@ -27,7 +28,7 @@ from typing import Any, BinaryIO
 
 from .decoding import DecodeLimits, decode_upload
 from .errors import BadImage, ConversionError, ImageTooLarge
-from .jpeg_grid import grid_of
+from .jpeg_grid import LOSSY_KEY, grid_of
 from .process import configure_decoding
 
 FRAME = struct.Struct(">II")
@@ -85,7 +86,8 @@ def _decode(request: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes
                 "message": f"the file cannot be decoded ({exc.__class__.__name__})"}, b""
     grid = grid_of(image)
     return {"ok": True, "width": image.width, "height": image.height,
-            "jpeg": grid.to_json() if grid is not None else None}, pixels
+            "jpeg": grid.to_json() if grid is not None else None,
+            "lossy_webp": bool(image.info.get(LOSSY_KEY))}, pixels
 
 
 def main() -> None:

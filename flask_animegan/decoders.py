@@ -38,7 +38,7 @@ from .config import Settings
 from .decode_worker import FRAME
 from .decoding import DecodeLimits
 from .errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
-from .jpeg_grid import INFO_KEY, JpegGrid
+from .jpeg_grid import INFO_KEY, LOSSY_KEY, JpegGrid
 
 ISOLATIONS = ("process", "thread")
 _ERRORS: dict[str, type[ConversionError]] = {
@@ -264,6 +264,8 @@ class Decoder:
             grid = JpegGrid.from_json(answer["jpeg"])
             if grid is not None:
                 image.info[INFO_KEY] = grid
+        if answer.get("lossy_webp") is True:
+            image.info[LOSSY_KEY] = True
         return image
 
     def status(self) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
 from .errors import BadImage, ImageTooLarge, UnsupportedImage
-from .jpeg_grid import INFO_KEY, JpegGrid
+from .jpeg_grid import INFO_KEY, LOSSY_KEY, JpegGrid, is_lossy_webp
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -170,7 +170,8 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
     JPEGs are decoded with Pillow's ``draft`` at the smallest DCT scale that still
     covers the output. A JPEG whose pixels come out exactly as decoded (not scaled,
     cropped, turned or colour-converted) carries its :class:`JpegGrid` in
-    ``info[INFO_KEY]``, for the cache's exact re-save check. Raises BadImage (400),
+    ``info[INFO_KEY]``, for the cache's exact re-save check; a lossy WebP is marked
+    with ``info[LOSSY_KEY]``. Raises BadImage (400),
     ImageTooLarge (413) or UnsupportedImage (415) with a message fit for the person
     who sent the file.
     """
@@ -198,6 +199,8 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
             image = image.transpose(_TRANSPOSE[orientation])
         elif grid is not None and image.size == (width, height):
             image.info[INFO_KEY] = grid
+        if fmt == "WEBP" and is_lossy_webp(data):
+            image.info[LOSSY_KEY] = True
         return image
     except (ImageTooLarge, BadImage, UnsupportedImage):
         raise

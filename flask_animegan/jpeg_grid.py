@@ -14,6 +14,11 @@ source, and any cell that differs was edited. When fewer do (another encoder, ot
 tables, a resized copy), there is no verdict and the statistical checks of
 :mod:`flask_animegan.cache` decide alone.
 
+Lossy WebP has no such check (its encoder's choices cannot be replayed from the file),
+and its coding noise is larger than JPEG q90's, large enough to hide a pixelated patch
+of a dark region from any statistic. A decoded lossy WebP is marked (:data:`LOSSY_KEY`)
+and shares a result only with an input of identical pixels.
+
 Needs only Pillow and NumPy: the grid is read in the decode helper processes.
 """
 
@@ -30,6 +35,9 @@ from PIL import Image, JpegImagePlugin
 #: Where a decoded upload carries its grid (``Image.info``); absent when the pixels are
 #: not the JPEG's own (resized, cropped, turned, colour-converted) or not a JPEG.
 INFO_KEY = "animegan.jpeg_grid"
+
+#: Set (True) on a decoded upload that was a lossy (VP8) WebP.
+LOSSY_KEY = "animegan.lossy_webp"
 
 CELL = 16  # pixels: one MCU at 4:2:0, four blocks at 4:4:4
 SHARE = 0.5  # of textured cells identical: the two inputs have one source
@@ -114,6 +122,23 @@ class JpegGrid:
         source.save(buffer, "JPEG", **params)
         with Image.open(buffer) as decoded:
             return np.asarray(decoded.convert("RGB"))
+
+
+def is_lossy_webp(data: bytes) -> bool:
+    """Whether the WebP file ``data`` holds lossy (VP8) image data: its top-level chunks
+    are walked; an animation, or a file whose chunks cannot be walked, counts as lossy."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return False
+    offset = 12
+    while offset + 8 <= len(data):
+        fourcc = data[offset:offset + 4]
+        (length,) = struct.unpack_from("<I", data, offset + 4)
+        if fourcc == b"VP8L":
+            return False
+        if fourcc in (b"VP8 ", b"ANMF", b"ANIM"):
+            return True
+        offset += 8 + length + (length & 1)
+    return True
 
 
 def grid_of(image: Image.Image) -> JpegGrid | None:

@@ -301,6 +301,22 @@ def test_a_faint_edit_of_a_flat_region_misses_when_saved_as_jpeg():
         assert (cache.get(("s", 512, "jpeg"), cache.fingerprint(second)) is not None) == hit
 
 
+def test_a_lossy_webp_shares_a_result_only_with_identical_pixels():
+    """Lossy WebP has no exact check, and a pixelated patch of a dark region hides in its
+    noise: so a faint edit saved as WebP misses either way, the same WebP sent again
+    hits, and a WebP re-save of a cached photo misses (a cost, not a leak)."""
+    original = fitted(photo("rocket"), 512)
+    faint = upload_as(blurred(original, (224, 32, 275, 66), 5), "WEBP", 512, quality=80)
+    plain = upload_as(original, "WEBP", 512, quality=80)
+    again = upload_as(original, "WEBP", 512, quality=80)
+    for first, second, hit in ((original, faint, False), (faint, original, False),
+                               (plain, again, True), (original, plain, False),
+                               (plain, original, False)):
+        cache = make_cache()
+        cache.put(("s", 512, "jpeg"), cache.fingerprint(first), b"first", first.size)
+        assert (cache.get(("s", 512, "jpeg"), cache.fingerprint(second)) is not None) == hit
+
+
 def upload_as(image: Image.Image, fmt: str, size: int, **params) -> Image.Image:
     """``image`` saved as ``fmt``, then decoded and fitted as the service does."""
     data = encode_image(image, fmt, **params)

@@ -13,7 +13,7 @@ from conftest import PHOTOS, encode_image, photo
 from flask_animegan import imaging
 from flask_animegan.decoders import Decoder
 from flask_animegan.decoding import DecodeLimits
-from flask_animegan.jpeg_grid import INFO_KEY, JpegGrid, grid_of, same_source
+from flask_animegan.jpeg_grid import INFO_KEY, LOSSY_KEY, JpegGrid, grid_of, is_lossy_webp, same_source
 
 SIDE = 256
 
@@ -155,3 +155,35 @@ def test_inputs_of_other_sizes_or_without_a_grid_get_no_verdict():
     other = fitted_photo("chelsea").resize(original.size)
     assert same_source(copy, grid_of(copy), other, None) is None  # nothing in common
     assert INFO_KEY in copy.info
+
+
+# -- lossy WebP: no exact check, so identical pixels only ------------------------------------
+
+def webp(image: Image.Image, **params) -> bytes:
+    return encode_image(image, "WEBP", **params)
+
+
+def test_lossy_webps_are_told_from_lossless_ones_by_their_chunks():
+    image = fitted_photo("coffee")
+    animation = io.BytesIO()
+    image.save(animation, "WEBP", save_all=True, append_images=[image.rotate(90)],
+               lossless=True)
+    assert is_lossy_webp(webp(image, quality=80))
+    assert is_lossy_webp(webp(image.convert("RGBA"), quality=80))  # VP8X + ALPH + VP8
+    assert not is_lossy_webp(webp(image, lossless=True))
+    assert not is_lossy_webp(webp(image.convert("RGBA"), lossless=True))
+    assert is_lossy_webp(animation.getvalue())  # frames: counted as lossy
+    assert not is_lossy_webp(encode_image(image, "PNG"))
+    data = webp(image, quality=80)
+    for end in range(0, 64):  # a cut file never raises (the decoder refuses it anyway)
+        is_lossy_webp(data[:end])
+
+
+def test_a_decoded_lossy_webp_is_marked_in_both_decode_modes():
+    data = webp(fitted_photo("rocket"), quality=80)
+    for isolation in ("process", "thread"):
+        decoder = Decoder(limits=DecodeLimits(), isolation=isolation, timeout=10, slots=1,
+                          max_queue=2, queue_timeout=5)
+        assert decoder.decode(data, size=SIDE).info.get(LOSSY_KEY) is True
+        lossless = decoder.decode(webp(fitted_photo("rocket"), lossless=True), size=SIDE)
+        assert LOSSY_KEY not in lossless.info
