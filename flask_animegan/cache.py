@@ -14,16 +14,16 @@ Cache layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
   luma and colour grids, cell hashes), its id and its creation time: 29,766 bytes at
   hash_size 16.
 - ``entry:<namespace digest>:<id>``: a 16-byte header (its width, height and the
-  result's length), the result's bytes, then the input it was converted from (a grid
-  flag, the JPEG grid if the input was an exact JPEG decode, its pixels as lossless
-  WebP), for :meth:`CachedResult.same_source`.
+  result's length), the result's bytes, then the input it was converted from (a byte
+  saying whether it was an exact JPEG decode, then its grid, or a lossy WebP; then its
+  pixels as lossless WebP), for :meth:`CachedResult.same_source`.
 
 Redis round trips: a hit costs 2 (read the index, run every check here, read the
 chosen entry); a miss costs 2 (read the index, then store the new entry and its index
 member in one MULTI/EXEC when the result is put). A miss whose best candidate's entry
 was evicted meanwhile (Redis under ``maxmemory`` pressure) costs 3; each candidate that
-passes every check on the index but turns out to be a JPEG re-save of an edited copy
-costs one more read. A lookup reads at most ``index_cap`` members: 465 KiB at the
+passes every check on the index but not :meth:`CachedResult.same_source` (an edited
+JPEG re-save, a lossy WebP of other pixels) costs one more read. A lookup reads at most ``index_cap`` members: 465 KiB at the
 default 16.
 
 Bytes per entry, measured with ``MEMORY USAGE`` on Redis 7.0 (tests/test_storage.py):
@@ -50,8 +50,8 @@ import secrets
 import struct
 import threading
 import time
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -425,9 +425,10 @@ class NearDuplicateCache:
     (the checks before it let a blurred or pixelated face through: the photo around
     it still matches), and the pair is not bit-identical outside some changed cells (a
     faint edit saved losslessly), and, when one input is an exact JPEG decode, the other
-    re-encoded with its tables reproduces it everywhere or nowhere (a faint edit saved
-    as JPEG: :mod:`flask_animegan.jpeg_grid`); a lossy WebP hits only identical pixels. Only the ``index_cap`` newest entries of a
-    namespace are candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
+    re-encoded with its tables does not reproduce it in most cells but not all (a faint
+    edit saved as JPEG: :mod:`flask_animegan.jpeg_grid`); a lossy WebP hits only
+    identical pixels. Only the ``index_cap`` newest entries of a namespace are
+    candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
     ``max_bytes``. ``key`` (e.g. the app's secret key) keys the namespace digests.
     """
 
@@ -470,7 +471,7 @@ class NearDuplicateCache:
             found = decode_entry(self.storage.get(f"entry:{digest}:{entry_id.hex()}"))
             if found is None:  # expired or evicted since: a miss
                 break
-            if found.same_source(fingerprint) is False:  # an edited JPEG re-save
+            if found.same_source(fingerprint) is False:  # edited, or not the same WebP
                 found = None
                 continue
             break

@@ -6,9 +6,8 @@ It reads requests from stdin and writes answers to stdout, one at a time:
 * request: ``>II`` (header length, data length), a JSON header
   (``size``, ``square``, ``limits``, ``memory``), then the file's bytes;
 * answer: ``>II`` (header length, payload length), a JSON header (``ok``, ``width``,
-  ``height``, ``jpeg`` (the :class:`~flask_animegan.jpeg_grid.JpegGrid` or null),
-  ``lossy_webp``, or
-  ``error`` and ``message``), then the RGB pixels of the fitted image.
+  ``height``, ``jpeg`` (the :class:`~flask_animegan.jpeg_grid.JpegGrid` or null) and
+  ``lossy_webp``, or ``error`` and ``message``), then the RGB pixels of the fitted image.
 
 Each decode runs under an address-space limit of ``memory`` bytes above what the
 process already uses, so a file that needs more fails here, not in the server. The

@@ -39,6 +39,8 @@ INFO_KEY = "animegan.jpeg_grid"
 #: Set (True) on a decoded upload that was a lossy (VP8) WebP.
 LOSSY_KEY = "animegan.lossy_webp"
 
+_CHUNKS_WALKED = 64  # a real WebP has its image chunk within its first few (VP8X, ICCP...)
+
 CELL = 16  # pixels: one MCU at 4:2:0, four blocks at 4:4:4
 SHARE = 0.5  # of textured cells identical: the two inputs have one source
 MIN_CELLS = 16  # fewer textured cells than this (a flat picture): no verdict
@@ -125,12 +127,15 @@ class JpegGrid:
 
 
 def is_lossy_webp(data: bytes) -> bool:
-    """Whether the WebP file ``data`` holds lossy (VP8) image data: its top-level chunks
-    are walked; an animation, or a file whose chunks cannot be walked, counts as lossy."""
+    """Whether the WebP file ``data`` holds lossy (VP8) image data: its first top-level
+    chunks are walked; an animation, or a file whose image chunk is not among the first
+    :data:`_CHUNKS_WALKED`, counts as lossy."""
     if data[:4] != b"RIFF" or data[8:12] != b"WEBP":
         return False
     offset = 12
-    while offset + 8 <= len(data):
+    for _ in range(_CHUNKS_WALKED):
+        if offset + 8 > len(data):
+            break
         fourcc = data[offset:offset + 4]
         (length,) = struct.unpack_from("<I", data, offset + 4)
         if fourcc == b"VP8L":

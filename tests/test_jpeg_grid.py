@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import random
+import time
 
 import numpy as np
 import pytest
@@ -187,3 +188,11 @@ def test_a_decoded_lossy_webp_is_marked_in_both_decode_modes():
         assert decoder.decode(data, size=SIDE).info.get(LOSSY_KEY) is True
         lossless = decoder.decode(webp(fitted_photo("rocket"), lossless=True), size=SIDE)
         assert LOSSY_KEY not in lossless.info
+
+
+def test_a_webp_of_many_empty_chunks_is_walked_in_bounded_time():
+    chunks = b"JUNK\x00\x00\x00\x00" * 2_000_000  # 16 MB of empty chunks, no image chunk
+    data = b"RIFF" + (len(chunks) + 4).to_bytes(4, "little") + b"WEBP" + chunks
+    started = time.perf_counter()
+    assert is_lossy_webp(data)  # no image chunk in reach: counted as lossy
+    assert time.perf_counter() - started < 0.5
