@@ -70,11 +70,10 @@ class JpegGrid:
         except (AttributeError, KeyError, TypeError, ValueError, IndexError):
             return None
         sampling = JpegImagePlugin.get_sampling(image) if image.mode == "RGB" else -1
-        if (layers != _TABLES_FOR_LAYERS[image.mode] or len(tables) != max(layers) + 1
-                or any(len(t) != 64 or not all(1 <= v <= 65535 for v in t) for t in tables)
-                or (image.mode == "RGB" and sampling not in (0, 1, 2))):
+        grid = cls(image.mode, sampling, tuple(tables))
+        if layers != _TABLES_FOR_LAYERS[image.mode] or len(tables) != max(layers) + 1:
             return None
-        return cls(image.mode, sampling, tuple(tables))
+        return grid if grid.valid() else None
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "subsampling": self.subsampling,
@@ -91,7 +90,11 @@ class JpegGrid:
         return grid if grid.valid() else None
 
     def valid(self) -> bool:
-        return (self.mode in _MODES and 1 <= len(self.qtables) <= 4
+        """Whether Pillow's encoder can take it: a known mode and its subsampling code,
+        1-4 tables of 64 values in 1-65535."""
+        return (self.mode in _MODES
+                and self.subsampling in ((0, 1, 2) if self.mode == "RGB" else (-1,))
+                and 1 <= len(self.qtables) <= 4
                 and all(len(t) == 64 and all(1 <= v <= 65535 for v in t) for t in self.qtables))
 
     def pack(self) -> bytes:
