@@ -15,14 +15,20 @@ resolution from the largest ones (the crops do not overlap each other, but each 
 inside its parent photo, which is seen there at a smaller scale). Edits are made on the
 fitted input at the output scale (and, as a second protocol, on the photo at its own
 resolution), at a seeded random place (smooth regions included), and uploaded
-losslessly, as JPEG q90 or as lossy WebP q80; an edit counts as a hit if a cache holding
-either copy answers the other. ``tests/test_cache.py`` runs one seed of this.
+losslessly, as JPEG q90 or as lossy WebP q80; a third protocol has A upload a JPEG q90
+and B edit that file at its own resolution and save it as JPEG q90 or q75; a fourth
+repeats the second without giving the cache the files (as for uploads over the limits
+for keeping one whole, such as a phone's 12-megapixel photo). An edit counts
+as a hit if a cache holding either copy answers the other; for each hit, the report says
+how much the result handed out differs over the edited box from the copy's own result
+(converted with the shipped style). ``tests/test_cache.py`` runs one seed of this.
 Self-contained (no ``bench`` imports) so the tests can load it by path.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import math
 import random
@@ -31,6 +37,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import skimage.data
@@ -39,7 +46,7 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from flask_animegan import imaging
 from flask_animegan.cache import (ASPECT_TOLERANCE, Fingerprint, NearDuplicateCache,
                                    encode_source)
-from flask_animegan.jpeg_grid import grid_of, same_source
+from flask_animegan.jpeg_grid import UPLOAD_MAX_BYTES, grid_of, same_source, same_upload
 
 from bench.report import table
 
@@ -103,7 +110,8 @@ def resized(image: Image.Image, factor: float) -> Image.Image:
 
 def original_file(image: Image.Image, protocol: str) -> bytes:
     """The file A uploads under ``protocol``."""
-    return encode(image, "JPEG", quality=90) if protocol == "jpeg/jpeg" else encode(image, "PNG")
+    return (encode(image, "JPEG", quality=90) if protocol == "jpeg/jpeg"
+            else encode(image, "PNG", compress_level=6))
 
 
 def benign_copy(image: Image.Image, original: bytes, protocol: str, kind: str) -> bytes:
@@ -218,6 +226,10 @@ class Trial:
     change: float = 0.0  # edits: mean absolute change over the box (levels)
     reencode_change: float = 0.0  # edits: what a JPEG q90 re-encode changes there (levels)
     detail: str = ""
+    # edits that hit: how much the result handed out differs over the box from the copy's
+    # own result, and from that of the unedited photo saved the copy's way (levels)
+    revealed: float = math.nan
+    revealed_benign: float = math.nan
 
     @property
     def visible(self) -> bool:
@@ -231,12 +243,13 @@ def answers(stored: Fingerprint, asked: Fingerprint) -> bool:
     return cache.get(("bench",), asked) is not None
 
 
-def lookup(original: Fingerprint, copy: Image.Image,
-           both_ways: bool = False) -> tuple[bool, float, bool]:
-    """Whether a cache holding ``original`` answers ``copy`` with it (``both_ways``: or
-    one holding ``copy`` answers ``original``: a planted copy), their local score, and
-    whether the checks before the local ones (phash, aspect, colours) would let it hit."""
-    found = Fingerprint.of(copy, HASH_SIZE)
+def lookup(original: Fingerprint, copy: Image.Image, both_ways: bool = False,
+           data: bytes = b"") -> tuple[bool, float, bool]:
+    """Whether a cache holding ``original`` answers ``copy`` (uploaded as ``data``) with
+    it (``both_ways``: or one holding ``copy`` answers ``original``: a planted copy), their
+    local score, and whether the checks before the local ones (phash, aspect, colours)
+    would let it hit."""
+    found = Fingerprint.of(copy, HASH_SIZE, data)
     checks = NearDuplicateCache(max_bytes=1, ttl=1, hash_size=HASH_SIZE)
     before = (original.distance(found) <= checks.max_distance
               and abs(found.aspect / original.aspect - 1) <= ASPECT_TOLERANCE
@@ -252,12 +265,13 @@ def benign_trials(photos: Iterable[str], sizes: Sequence[int],
         image = photo(name)
         for protocol in protocols:
             original = original_file(image, protocol)
-            prints = {size: Fingerprint.of(upload(original, size), HASH_SIZE) for size in sizes}
+            prints = {size: Fingerprint.of(upload(original, size), HASH_SIZE, original)
+                      for size in sizes}
             for kind in BENIGN_KINDS:
                 copy = benign_copy(image, original, protocol, kind)
                 for size in sizes:
                     trials.append(Trial("benign", f"{protocol} {kind}", size, name,
-                                        *lookup(prints[size], upload(copy, size))))
+                                        *lookup(prints[size], upload(copy, size), data=copy)))
     return trials
 
 
@@ -266,34 +280,95 @@ EDIT_SCALES = {
     "edit at full scale": "made on the photo at its own resolution, then saved; the "
                           "service fits the upload (JPEG copies larger than the output are "
                           "decoded at a reduced DCT scale)",
+    "edit of the JPEG at full scale": "A uploads the photo as JPEG q90; B edits that file "
+                                      "at its own resolution and saves it again (the "
+                                      "usual case with a phone's photo)",
+    "edit at full scale, files over the keeping limits": "as at full scale, but neither "
+        "file is kept whole (as for uploads over 2 MiB or 3 megapixels, such as a phone's "
+        "12-megapixel photo): the statistical checks alone",
 }
+#: How an edited copy is saved: format and encoder options.
+SAVED = {"PNG": ("PNG", {}), "JPEG": ("JPEG", {"quality": 90}),
+         "JPEG q75": ("JPEG", {"quality": 75}), "WEBP": ("WEBP", {"quality": 80})}
+
+
+@functools.cache
+def _model() -> Any:
+    from flask_animegan.styles import SHIPPED_STYLES_DIR
+    from flask_animegan.weights import load_generator
+
+    return load_generator(SHIPPED_STYLES_DIR / "toon_demo.pt")
+
+
+def converted(image: Image.Image) -> np.ndarray:
+    """The shipped style's result for a fitted input, as float32 levels."""
+    import torch
+
+    with torch.inference_mode():
+        return np.asarray(imaging.to_image(_model()(imaging.to_tensor(image))), np.float32)
+
+
+def revealed(stored: Image.Image, copy: Image.Image, benign: Image.Image,
+             box: Box) -> tuple[float, float]:
+    """What a hit shows the uploader of ``copy``: the mean difference over ``box`` between
+    the result handed out (``stored``'s) and the copy's own result; and the same for
+    ``benign``, the unedited photo saved the copy's way (what any same-photo hit differs by).
+    """
+    result = converted(stored)
+    return tuple(float(np.abs(converted(image)[box[1]:box[3], box[0]:box[2]]
+                              - result[box[1]:box[3], box[0]:box[2]]).mean())
+                 for image in (copy, benign))
 
 
 def edit_trials(photos: Sequence[str], sizes: Sequence[int], seeds: Iterable[int],
-                saved: Iterable[str] = ("PNG",), full_scale: bool = False) -> list[Trial]:
-    """Every photo x edit kind x size x seed, each copy uploaded in each ``saved`` format.
+                saved: Iterable[str] = ("PNG",), full_scale: bool = False,
+                from_jpeg: bool = False, keep_files: bool = True) -> list[Trial]:
+    """Every photo x edit kind x size x seed, each copy uploaded in each ``saved`` way
+    (a key of :data:`SAVED`).
 
-    The edit is made on the fitted input, or with ``full_scale`` on the photo itself.
+    The edit is made on the fitted input, or with ``full_scale`` on the photo itself;
+    ``from_jpeg``: A uploads the photo as JPEG q90 and the edit is made on that file at
+    its own resolution; without ``keep_files``, the cache is not given the uploaded files
+    (as for files over the limits of ``jpeg_grid.keepable_upload``). An edit that hits
+    also records what the hit reveals (:func:`revealed`), by converting with the shipped
+    style.
     """
     trials = []
-    group = "edit at full scale" if full_scale else "edit"
+    full_scale = full_scale or from_jpeg or not keep_files
+    group = ("edit of the JPEG at full scale" if from_jpeg
+             else "edit at full scale, files over the keeping limits" if not keep_files
+             else "edit at full scale" if full_scale else "edit")
+    prefix = "jpeg" if from_jpeg else "full" if full_scale else ""
     for index, name in enumerate(photos):
         image, donor = photo(name), photo(photos[(index + 1) % len(photos)])
+        original_file = (encode(image, "JPEG", quality=90) if from_jpeg
+                         else encode(image, "PNG", compress_level=6))  # as uploads are
+        if from_jpeg:
+            image = decoded(original_file)
         for size in sizes:
-            original = upload(encode(image, "PNG"), size)
-            fingerprint = Fingerprint.of(original, HASH_SIZE)
+            original = upload(original_file, size)
+            fingerprint = Fingerprint.of(original, HASH_SIZE,
+                                         original_file if keep_files else b"")
             for seed in seeds:
                 for kind in EDITS:
-                    rng = random.Random(f"{'full' if full_scale else ''}{seed}/{name}/{size}/{kind}")
+                    rng = random.Random(f"{prefix}{seed}/{name}/{size}/{kind}")
                     source = image if full_scale else original
                     copy, detail, box = edited(source, kind, rng, donor)
                     change, noise = changes(source, copy, box, size)
-                    for fmt in saved:
-                        data = encode(copy, fmt, **({"quality": 90} if fmt == "JPEG" else
-                                                    {"quality": 80} if fmt == "WEBP" else {}))
-                        trials.append(Trial(group, kind, size, name,
-                                            *lookup(fingerprint, upload(data, size), True),
-                                            change, noise, f"{detail}, saved {fmt}"))
+                    for way in saved:
+                        fmt, params = SAVED[way]
+                        data = encode(copy, fmt, **params)
+                        received = upload(data, size)
+                        hit, score, before = lookup(fingerprint, received, True,
+                                                    data if keep_files else b"")
+                        shown = (math.nan, math.nan)
+                        if hit:
+                            scale = original.width / source.width
+                            shown = revealed(original, received,
+                                             upload(encode(source, fmt, **params), size),
+                                             tuple(round(v * scale) for v in box))
+                        trials.append(Trial(group, kind, size, name, hit, score, before,
+                                            change, noise, f"{detail}, saved {way}", *shown))
     return trials
 
 
@@ -328,7 +403,7 @@ def report(trials: Sequence[Trial], sizes: Sequence[int], tolerance: float) -> s
     for scale, description in EDIT_SCALES.items():
         rows = []
         for kind in list(EDITS) + [None]:
-            for fmt in ("PNG", "JPEG", "WEBP", None):
+            for fmt in (*SAVED, None):
                 group = [t for t in trials if t.group == scale and kind in (None, t.kind)
                          and (fmt is None or t.detail.endswith(f"saved {fmt}"))]
                 if not group or (fmt is not None and kind is not None):
@@ -373,20 +448,28 @@ def report(trials: Sequence[Trial], sizes: Sequence[int], tolerance: float) -> s
     out += [f"## Same-photo copies that missed ({len(misses)})", ""]
     out += [f"- {t.kind} @ {t.size} px, {t.photo}: {t.score:.2f}" for t in misses] + [""]
     below_noise = [t for t in leaks if t.change <= 2 * t.reencode_change]
+    within = [t for t in leaks if t.revealed <= t.revealed_benign]
+    worst_ratio = max((t.revealed / max(t.revealed_benign, 1e-6) for t in leaks), default=0.0)
     out += [f"## Edited copies that hit ({len(leaks)})", "",
             f"{len(below_noise)} of them changed their box by at most twice what a JPEG q90 "
             "re-encode of the photo changes there (no statistic of the two pictures tells "
             "those from a re-encoded copy, and nothing they hide is visible).",
+            f"What a hit reveals: the result handed out differs over the box from the copy's "
+            f"own result by at most what the unedited photo, saved the copy's way, differs by "
+            f"for {len(within)} of them (largest ratio {worst_ratio:.2f}).",
             "Saved as: " + ", ".join(f"{fmt} {sum(t.detail.endswith(f'saved {fmt}') for t in leaks)}"
-                                     for fmt in ("PNG", "JPEG", "WEBP")) + ". A copy saved "
+                                     for fmt in SAVED) + ". A copy saved "
             "losslessly is bit-identical to the photo outside the edit, and one saved as JPEG at "
             "the size it is converted at is reproduced exactly there by re-encoding the photo "
             "with its tables: either misses whatever the edit changed. A lossy WebP shares a "
-            "result only with identical pixels. JPEGs the service shrinks have only the "
-            "statistical checks.",
+            "result only with identical pixels. A small file the service shrinks is kept "
+            "whole and compared the same exact way at its own size; larger ones have only "
+            "the statistical checks.",
             ""]
     out += [f"- {t.group}: {t.kind} @ {t.size} px, {t.photo} ({t.detail}): mean change {t.change:.2f} "
-            f"levels (a q90 re-encode: {t.reencode_change:.2f}), score {t.score:.2f}"
+            f"levels (a q90 re-encode: {t.reencode_change:.2f}), score {t.score:.2f}; the "
+            f"result handed out differs there by {t.revealed:.2f} levels from the copy's own "
+            f"(the unedited photo saved that way: {t.revealed_benign:.2f})"
             for t in leaks]
     return "\n".join(out)
 
@@ -416,6 +499,16 @@ def costs(size: int = 512, repeats: int = 50) -> str:
     for _ in range(repeats // 5):
         assert same_source(resaved, grid_of(resaved), image, None)
     exact = (time.perf_counter() - started) / (repeats // 5)
+    whole = {}
+    for name, factor in (("rocket", 1.0), ("retina", 1.2)):  # 0.27 and 2.9 megapixels
+        image = resized(photo(name), factor) if factor != 1 else photo(name)
+        kept_file = encode(image, "JPEG", quality=90)
+        resaved_file = encode(decoded(kept_file), "JPEG", quality=75)  # a re-save: a verdict
+        started = time.perf_counter()
+        for _ in range(3):
+            assert same_upload(resaved_file, kept_file) is not None
+        whole[image.width * image.height / 1e6] = ((time.perf_counter() - started) / 3,
+                                                   len(kept_file) / 1024)
     return (f"## Costs ({size} px input)\n\n- fingerprint: {first.nbytes / 1024:.1f} KiB per entry "
             f"(luma {first.luma.nbytes // 1024} KiB, colour {first.chroma.nbytes // 1024} KiB, "
             f"thumbnail {first.thumbnail.nbytes // 1024} KiB, cell hashes "
@@ -427,7 +520,11 @@ def costs(size: int = 512, repeats: int = 50) -> str:
             f"{np.median(sizes):.0f}) over the {len(PHOTOS)} photos; {keeping * 1000:.1f} ms "
             f"to encode\n"
             f"- exact re-save check (only when an input is an exact JPEG decode of the same "
-            f"size as a candidate that passed every other check): {exact * 1000:.1f} ms")
+            f"size as a candidate that passed every other check): {exact * 1000:.1f} ms\n"
+            f"- a small upload the service shrinks is kept whole (JPEG or PNG up to "
+            f"{UPLOAD_MAX_BYTES >> 10} KiB) and the same check runs at its own size: "
+            + ", ".join(f"{seconds * 1000:.0f} ms for a {mp:.2f}-megapixel JPEG pair "
+                        f"({kib:.0f} KiB kept)" for mp, (seconds, kib) in whole.items()))
 
 
 def sibling_jpegs(photos: Sequence[str], sizes: Sequence[int]) -> str:
@@ -468,6 +565,9 @@ def main(argv: list[str] | None = None) -> int:
     saved = ("PNG",) if args.quick else ("PNG", "JPEG", "WEBP")
     trials += edit_trials(PHOTOS, SIZES, seeds, saved)
     trials += edit_trials(PHOTOS, SIZES, seeds, saved, full_scale=True)
+    if not args.quick:
+        trials += edit_trials(PHOTOS, SIZES, seeds, ("JPEG", "JPEG q75"), from_jpeg=True)
+        trials += edit_trials(PHOTOS, SIZES, seeds, ("JPEG",), keep_files=False)
     tolerance = NearDuplicateCache(max_bytes=1, ttl=1).local_tolerance
     print(f"# Cache privacy: {len(PHOTOS)} photos x {len(EDITS)} edits x {len(SIZES)} sizes"
           f" x {len(seeds)} seeds\n")

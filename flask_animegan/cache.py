@@ -14,23 +14,26 @@ Cache layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
   luma and colour grids, cell hashes), its id and its creation time: 29,766 bytes at
   hash_size 16.
 - ``entry:<namespace digest>:<id>``: a 16-byte header (its width, height and the
-  result's length), the result's bytes, then the input it was converted from (a byte
-  saying whether it was an exact JPEG decode, then its grid, or a lossy WebP; then its
-  pixels as lossless WebP), for :meth:`CachedResult.same_source`.
+  result's length), the result's bytes, then the input it was converted from (for a
+  small JPEG or PNG upload the service shrank, first a flag byte, the file's length and
+  the uploaded file itself; then a byte saying whether it was an exact JPEG decode, then
+  its grid, or a lossy WebP; then its pixels as lossless WebP), for
+  :meth:`CachedResult.same_source`.
 
 Redis round trips: a hit costs 2 (read the index, run every check here, read the
 chosen entry); a miss costs 2 (read the index, then store the new entry and its index
 member in one MULTI/EXEC when the result is put). A miss whose best candidate's entry
 was evicted meanwhile (Redis under ``maxmemory`` pressure) costs 3; each candidate that
 passes every check on the index but not :meth:`CachedResult.same_source` (an edited
-JPEG re-save, a lossy WebP of other pixels) costs one more read. A lookup reads at most ``index_cap`` members: 465 KiB at the
-default 16.
+JPEG re-save, a lossy WebP of other pixels) costs one more read. A lookup reads at
+most ``index_cap`` members: 465 KiB at the default 16.
 
 Bytes per entry, measured with ``MEMORY USAGE`` on Redis 7.0 (tests/test_storage.py):
 its result and kept input + about 150 bytes (key, header) + 32,808 bytes for its
 member in the index; the value is rounded up to jemalloc's size class (up to +25 %,
 about +10 % on average). The kept input is 54-380 KiB (median 193) for the 22 photos of
-bench/cache_privacy.py at 512 px, about a quarter of that at 256 px. A result page: its
+bench/cache_privacy.py at 512 px, about a quarter of that at 256 px, plus the uploaded
+file (at most 2 MiB) when it is kept. A result page: its
 two images + about 130 bytes, rounded the same way.
 
 The namespace holds the client's address (ANIMEGAN_CACHE_SCOPE "client"), so keys
@@ -57,8 +60,10 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
+from .decoding import without_metadata
 from .errors import ImageTooLarge
-from .jpeg_grid import LOSSY_KEY, JpegGrid, grid_of, same_source
+from .jpeg_grid import (LOSSY_KEY, JpegGrid, grid_of, keepable_upload, same_source,
+                        same_upload)
 from .storage import MemoryStorage, Storage
 from .storage.memory import ITEM_OVERHEAD
 
@@ -109,9 +114,14 @@ class Fingerprint:
     source: Image.Image | None = field(default=None, compare=False, repr=False)
     jpeg: JpegGrid | None = field(default=None, compare=False)  # set if an exact JPEG decode
     lossy_webp: bool = field(default=False, compare=False)  # shares only identical pixels
+    # a small JPEG or PNG upload the fitted picture is not an exact decode of (it was
+    # shrunk), kept whole but without metadata, for the exact check at its own resolution
+    # (jpeg_grid.same_upload)
+    upload: bytes = field(default=b"", compare=False, repr=False)
 
     @classmethod
-    def of(cls, image: Image.Image, hash_size: int) -> Fingerprint:
+    def of(cls, image: Image.Image, hash_size: int, upload: bytes = b"") -> Fingerprint:
+        """``image``: the fitted input; ``upload``: the file it was decoded from, if at hand."""
         import imagehash  # imported on first use, like scipy: `flask` commands need neither
 
         digest = imagehash.phash(image, hash_size=hash_size)
@@ -124,9 +134,11 @@ class Fingerprint:
                                                          Image.Resampling.LANCZOS))
         step = LUMA_SIDE // CHROMA_SIDE
         chroma = grid[..., 1:].reshape(CHROMA_SIDE, step, CHROMA_SIDE, step, 2).mean(axis=(1, 3))
+        jpeg = grid_of(image)
         return cls(int.from_bytes(bits.tobytes(), "big"), thumb, image.width / image.height,
                    np.ascontiguousarray(grid[..., 0]), chroma.round().astype(np.uint8),
-                   cell_hashes(image), image, grid_of(image), bool(image.info.get(LOSSY_KEY)))
+                   cell_hashes(image), image, jpeg, bool(image.info.get(LOSSY_KEY)),
+                   _kept_file(upload, image.size) if jpeg is None else b"")
 
     @property
     def nbytes(self) -> int:
@@ -209,6 +221,21 @@ class Fingerprint:
         the pair is not a losslessly saved local edit."""
         return (not self.edited_losslessly(other)
                 and self.local_difference(other) <= tolerance)
+
+
+def _kept_file(upload: bytes, size: tuple[int, int]) -> bytes:
+    """What an entry keeps of ``upload`` (see ``Fingerprint.upload``): a JPEG or PNG
+    whose own size (read from its header) is not the fitted ``size``, without its
+    metadata (no GPS or camera details in the cache), if it is then small enough; else
+    ``b""``."""
+    kept = without_metadata(upload) if upload else b""
+    if not kept or not keepable_upload(kept):
+        return b""
+    try:
+        with Image.open(io.BytesIO(kept), formats=("JPEG", "PNG")) as opened:
+            return kept if opened.size != size else b""
+    except Exception:  # noqa: BLE001 - it decoded once already; if not, keep nothing
+        return b""
 
 
 def cell_hashes(image: Image.Image) -> np.ndarray:
@@ -326,15 +353,20 @@ def decode_entry(blob: bytes | None) -> CachedResult | None:
     return CachedResult(blob[_ENTRY.size:end], (width, height), blob[end:])
 
 
-_PLAIN, _GRID, _LOSSY_WEBP = 0, 1, 2  # the kept input's first byte
+_PLAIN, _GRID, _LOSSY_WEBP, _UPLOAD = 0, 1, 2, 3  # the kept input's first byte
+_UPLOAD_LENGTH = struct.Struct("<I")
 
 
 def encode_source(image: Image.Image | None, grid: JpegGrid | None,
-                  lossy_webp: bool = False) -> bytes:
-    """An input as an entry keeps it: whether it is an exact JPEG decode (then its grid)
-    or a lossy WebP, then its pixels as lossless WebP. Empty without an image."""
+                  lossy_webp: bool = False, upload: bytes = b"") -> bytes:
+    """An input as an entry keeps it: the uploaded file if ``upload`` (flagged, with its
+    length), then whether it is an exact JPEG decode (then its grid) or a lossy WebP, then
+    its pixels as lossless WebP. Empty without an image."""
     if image is None:
         return b""
+    if upload:
+        rest = encode_source(image, grid, lossy_webp)
+        return bytes([_UPLOAD]) + _UPLOAD_LENGTH.pack(len(upload)) + upload + rest if rest else b""
     buffer = io.BytesIO()
     try:
         image.convert("RGB").save(buffer, "WEBP", lossless=True, quality=0, method=0)
@@ -347,9 +379,23 @@ def encode_source(image: Image.Image | None, grid: JpegGrid | None,
     return head + buffer.getvalue()
 
 
+def kept_upload(blob: bytes) -> tuple[bytes, bytes]:
+    """The uploaded file :func:`encode_source` kept (``b""`` if none) and the rest of
+    ``blob``."""
+    if not blob or blob[0] != _UPLOAD or len(blob) < 1 + _UPLOAD_LENGTH.size:
+        return b"", blob
+    (length,) = _UPLOAD_LENGTH.unpack_from(blob, 1)
+    start = 1 + _UPLOAD_LENGTH.size
+    if len(blob) < start + length:
+        return b"", b""
+    return blob[start:start + length], blob[start + length:]
+
+
 def decode_source(blob: bytes) -> tuple[JpegGrid | None, bool, bytes]:
     """The grid, the lossy-WebP mark and the WebP bytes :func:`encode_source` wrote
-    (``None, False, b""`` if there are none or they do not parse)."""
+    (``None, False, b""`` if there are none or they do not parse); a kept uploaded file
+    before them is skipped (see :func:`kept_upload`)."""
+    blob = kept_upload(blob)[1]
     if not blob or blob[0] not in (_PLAIN, _GRID, _LOSSY_WEBP):
         return None, False, b""
     if blob[0] != _GRID:
@@ -396,7 +442,14 @@ class CachedResult:
         (``True``), that but edited in some cells (``False``), or neither can tell
         (``None``): see :mod:`flask_animegan.jpeg_grid`. If either is a lossy WebP, only
         identical pixels are the same (``True``), anything else ``False``. Costs nothing
-        unless one of them is an exact JPEG decode or a lossy WebP."""
+        unless one of them is an exact JPEG decode or a lossy WebP. When both entries
+        kept their small uploaded files (JPEG or PNG, shrunk by the service), those are
+        compared at their own resolution first (:func:`flask_animegan.jpeg_grid.same_upload`)."""
+        upload, _ = kept_upload(self.source)
+        if upload and fingerprint.upload:
+            verdict = same_upload(fingerprint.upload, upload)
+            if verdict is not None:
+                return verdict
         grid, lossy, webp = decode_source(self.source)
         strict = lossy or fingerprint.lossy_webp
         if (fingerprint.source is None or not webp
@@ -426,7 +479,8 @@ class NearDuplicateCache:
     it still matches), and the pair is not bit-identical outside some changed cells (a
     faint edit saved losslessly), and, when one input is an exact JPEG decode, the other
     re-encoded with its tables does not reproduce it in most cells but not all (a faint
-    edit saved as JPEG: :mod:`flask_animegan.jpeg_grid`); a lossy WebP hits only
+    edit saved as JPEG: :mod:`flask_animegan.jpeg_grid`, at the fitted size or, for
+    small uploads the service shrank, at the files' own size); a lossy WebP hits only
     identical pixels. Only the ``index_cap`` newest entries of a namespace are
     candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
     ``max_bytes``. ``key`` (e.g. the app's secret key) keys the namespace digests.
@@ -454,8 +508,10 @@ class NearDuplicateCache:
         self.hits = 0
         self.misses = 0
 
-    def fingerprint(self, image: Image.Image) -> Fingerprint:
-        return Fingerprint.of(image, self.hash_size)
+    def fingerprint(self, image: Image.Image, upload: bytes = b"") -> Fingerprint:
+        """``image``: the fitted input; ``upload``: the file it was decoded from (a small
+        JPEG or PNG the service shrank is kept whole, for an exact check at its own size)."""
+        return Fingerprint.of(image, self.hash_size, upload)
 
     def get(self, namespace: tuple[object, ...], fingerprint: Fingerprint) -> CachedResult | None:
         """The result of a near-identical input in ``namespace``, or ``None`` (a miss).
@@ -508,7 +564,8 @@ class NearDuplicateCache:
             return
         digest = self._digest(namespace)
         member = IndexMember(time.time(), secrets.token_bytes(16), fingerprint)
-        source = encode_source(fingerprint.source, fingerprint.jpeg, fingerprint.lossy_webp)
+        source = encode_source(fingerprint.source, fingerprint.jpeg, fingerprint.lossy_webp,
+                               fingerprint.upload)
         self.storage.set_indexed(f"entry:{digest}:{member.entry_id.hex()}",
                                  encode_entry(data, size, source), index=f"index:{digest}",
                                  member=encode_member(member, self.hash_size),

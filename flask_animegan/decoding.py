@@ -111,6 +111,62 @@ def count_jpeg_scans(data: bytes) -> int:
 
 
 # -- the decode ------------------------------------------------------------------------
+# Segments a file kept in the cache loses: APP1-APP13 and APP15 (EXIF with GPS, XMP,
+# ICC, IPTC...) and comments. APP0 (JFIF) and APP14 (Adobe: says whether the data is
+# YCbCr) stay, as do PNG's chunks that make the pixels.
+_JPEG_DROPPED = frozenset({*range(0xE1, 0xEE), 0xEF, 0xFE})
+_PNG_KEPT = frozenset({b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"})
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def without_metadata(data: bytes) -> bytes:
+    """The JPEG or PNG file ``data`` with only what makes its pixels: no EXIF (GPS), XMP,
+    IPTC, comments, text chunks, nor anything after its end (a phone's appended video).
+    The pixels decode identically. ``b""`` if ``data`` is neither or its structure is cut
+    or malformed."""
+    if data[:8] == _PNG_SIGNATURE:
+        kept, pos = [_PNG_SIGNATURE], 8
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack_from(">I", data, pos)
+            kind, end = data[pos + 4:pos + 8], pos + 12 + length
+            if end > len(data):
+                return b""
+            if kind in _PNG_KEPT:
+                kept.append(data[pos:end])
+            if kind == b"IEND":
+                return b"".join(kept)
+            pos = end
+        return b""
+    if data[:2] != b"\xff\xd8":
+        return b""
+    kept, pos = [data[:2]], 2
+    while pos + 2 <= len(data):
+        if data[pos] != 0xFF:
+            return b""
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == _EOI:
+            kept.append(data[pos:pos + 2])
+            return b"".join(kept)
+        if marker in _STANDALONE or marker == _SOI or pos + 4 > len(data):
+            return b""  # none belongs between segments here
+        (length,) = struct.unpack_from(">H", data, pos + 2)
+        end = pos + 2 + length
+        if length < 2 or end > len(data):
+            return b""
+        if marker == _SOS:  # its entropy-coded data runs to the next marker
+            found = _NEXT_MARKER.search(data, end)
+            if found is None:
+                return b""
+            end = found.start()
+        if marker not in _JPEG_DROPPED:
+            kept.append(data[pos:end])
+        pos = end
+    return b""
+
+
 def open_upload(data: bytes, limits: DecodeLimits) -> Image.Image:
     """Open ``data`` lazily and check everything the header tells; no pixel is decoded."""
     if not data:

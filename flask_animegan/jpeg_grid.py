@@ -14,6 +14,13 @@ source, and any cell that differs was edited. When fewer do (another encoder, ot
 tables, a resized copy), there is no verdict and the statistical checks of
 :mod:`flask_animegan.cache` decide alone.
 
+A JPEG the service shrinks has no pixels of its own size in the fitted picture, and
+its coding noise, shrunk, is about as large as a faint blur of a flat region. So an
+upload larger than the output but small (a JPEG or PNG of at most
+:data:`UPLOAD_MAX_BYTES` and :data:`UPLOAD_MAX_PIXELS`) is kept as its own file, and
+two such files of the same size, one of them a JPEG, are compared the same exact way
+at their own resolution (:func:`same_upload`).
+
 Lossy WebP has no such check (its encoder's choices cannot be replayed from the file),
 and its coding noise is larger than JPEG q90's, large enough to hide a pixelated patch
 of a dark region from any statistic. A decoded lossy WebP is marked (:data:`LOSSY_KEY`)
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import io
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +48,12 @@ INFO_KEY = "animegan.jpeg_grid"
 LOSSY_KEY = "animegan.lossy_webp"
 
 _CHUNKS_WALKED = 64  # a real WebP has its image chunk within its first few (VP8X, ICCP...)
+
+#: A JPEG or PNG upload larger than the output is kept whole in its cache entry, for the
+#: exact check at its own resolution, if it has at most this many bytes, pixels and scans.
+UPLOAD_MAX_BYTES = 2 * 1024 * 1024
+UPLOAD_MAX_PIXELS = 3_000_000
+UPLOAD_MAX_SCANS = 32
 
 CELL = 16  # pixels: one MCU at 4:2:0, four blocks at 4:4:4
 SHARE = 0.5  # of textured cells identical: the two inputs have one source
@@ -182,13 +196,66 @@ def same_source(first: Image.Image, first_grid: JpegGrid | None,
     return False if False in verdicts else None
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# one whole-size check at a time in a process: each holds about 100 MiB at 3 megapixels
+_WHOLE_SIZE_CHECK = threading.Lock()
+WHOLE_SIZE_WAIT = 2.0  # seconds a check waits for another to finish, then says "differ"
+
+
+def keepable_upload(data: bytes) -> bool:
+    """Whether ``data`` is small enough, and looks enough like a JPEG or PNG, to keep whole."""
+    return (data[:3] == b"\xff\xd8\xff" or data[:8] == _PNG_SIGNATURE) \
+        and len(data) <= UPLOAD_MAX_BYTES
+
+
+def same_upload(first: bytes, second: bytes) -> bool | None:
+    """:func:`same_source` for two kept files, at their own resolution: ``None`` unless
+    both are keepable, 8-bit RGB or gray, of the same size within the pixel and scan
+    limits, and one is a JPEG (each is decoded whole, about 20 ms a megapixel, and a JPEG
+    one re-encodes the other). One runs at a time in a process, so the memory they hold
+    (about 100 MiB at the pixel limit) is bounded whatever the number of threads; one
+    that waits over :data:`WHOLE_SIZE_WAIT` for another says ``False`` (the caller misses:
+    a cost under load, never a shared result that no check approved)."""
+    from .decoding import count_jpeg_scans  # decoding imports this module
+
+    if first == second:
+        return True
+    opened = []
+    try:
+        for data in (first, second):
+            if not keepable_upload(data) or (data[:3] == b"\xff\xd8\xff"
+                                             and count_jpeg_scans(data) > UPLOAD_MAX_SCANS):
+                return None
+            image = Image.open(io.BytesIO(data), formats=("JPEG", "PNG"))
+            if image.width * image.height > UPLOAD_MAX_PIXELS or image.mode not in _MODES:
+                return None
+            opened.append(image)
+        if opened[0].size != opened[1].size:
+            return None
+        grids = [JpegGrid.of(image) for image in opened]
+        if grids == [None, None]:
+            return None
+        if not _WHOLE_SIZE_CHECK.acquire(timeout=WHOLE_SIZE_WAIT):
+            return False
+        try:
+            for image in opened:
+                image.load()
+            return same_source(opened[0], grids[0], opened[1], grids[1])
+        finally:
+            _WHOLE_SIZE_CHECK.release()
+            for image in opened:
+                image.close()
+    except Exception:  # noqa: BLE001 - a file that does not decode gives no verdict
+        return None
+
+
 def _cells_agree(candidate: np.ndarray, target: np.ndarray) -> bool | None:
     """Whether every CELL x CELL cell is identical; ``None`` unless most textured ones are."""
     height, width = target.shape[:2]
     rows, columns = -(-height // CELL), -(-width // CELL)
 
     def cells(pixels: np.ndarray) -> np.ndarray:
-        padded = np.zeros((rows * CELL, columns * CELL, 3), np.int16)
+        padded = np.zeros((rows * CELL, columns * CELL, 3), np.uint8)
         padded[:height, :width] = pixels
         padded[height:, :] = padded[height - 1:height, :]  # edge cells stay flat if flat
         padded[:, width:] = padded[:, width - 1:width]

@@ -73,7 +73,7 @@ class Pipeline:
         namespace = (scope, style.name, size, fmt)
         encoded: bytes | None = None
         if self.cache is not None:
-            fingerprint = self.cache.fingerprint(fitted)
+            fingerprint = self.cache.fingerprint(fitted, data)
             encoded = self._from_cache(namespace, fingerprint, fitted.size)
             lap("cache")
         hit = encoded is not None

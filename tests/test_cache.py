@@ -323,17 +323,8 @@ def upload_as(image: Image.Image, fmt: str, size: int, **params) -> Image.Image:
     return imaging.decode_upload(data, max_pixels=10**8, size=size)
 
 
-@pytest.mark.parametrize("multipart", [False, True], ids=["raw body", "multipart"])
-def test_api_a_faint_jpeg_edit_misses_and_a_jpeg_re_save_hits(make_app, multipart):
-    """Through the API (decoded in the helper process, which hands the JPEG grid back):
-    the original, then the faintly edited JPEG (MISS, its own result), then a plain JPEG
-    re-save of the original (HIT, the original's result)."""
-    client = make_app(ANIMEGAN_MAX_SIDE=512).test_client()
-    original = fitted(photo("rocket"), 512)
-    files = {"original": encode_image(original, "PNG"),
-             "faint edit": encode_image(blurred(original, (224, 32, 275, 66), 5), "JPEG",
-                                        quality=90),
-             "re-saved": encode_image(original, "JPEG", quality=90)}
+def send_each(client, files: dict[str, bytes], multipart: bool) -> dict[str, tuple[str, bytes]]:
+    """POST each file in turn (raw body or multipart): its ``X-Cache`` and result."""
     answers = {}
     for name, data in files.items():
         if multipart:
@@ -344,9 +335,53 @@ def test_api_a_faint_jpeg_edit_misses_and_a_jpeg_re_save_hits(make_app, multipar
             response = post(client, data)
         assert response.status_code == 200, response.json
         answers[name] = (response.headers["X-Cache"], response.data)
+    return answers
+
+
+def faint_edit_files(case: str) -> dict[str, bytes]:
+    """A photo, a copy with a faint blur of its night sky saved as JPEG, and a plain JPEG
+    re-save of it: at the size it is converted at, or larger (the service shrinks it)."""
+    if case == "converted at its size":
+        original = fitted(photo("rocket"), 512)
+        return {"original": encode_image(original, "PNG"),
+                "faint edit": encode_image(blurred(original, (224, 32, 275, 66), 5), "JPEG",
+                                           quality=90),
+                "re-saved": encode_image(original, "JPEG", quality=90)}
+    original = encode_image(photo("rocket"), "JPEG", quality=90)  # 640 px, served at 512
+    image = Image.open(io.BytesIO(original)).convert("RGB")
+    return {"original": original,
+            "faint edit": encode_image(blurred(image, (280, 40, 344, 83), 6), "JPEG",
+                                       quality=75),
+            "re-saved": encode_image(image, "JPEG", quality=75)}
+
+
+@pytest.mark.parametrize("multipart", [False, True], ids=["raw body", "multipart"])
+@pytest.mark.parametrize("case", ["converted at its size", "shrunk by the service"])
+def test_api_a_faint_jpeg_edit_misses_and_a_jpeg_re_save_hits(make_app, case, multipart):
+    """Through the API (decoded in the helper process, which hands the JPEG grid back):
+    the original, then the faintly edited JPEG (MISS, its own result), then a plain JPEG
+    re-save of the original (HIT, the original's result). Shrunk by the service (the
+    usual case: a phone-style JPEG larger than the output, edited at full size and saved
+    at q75), the edit changes the fitted picture by less than the JPEG's own noise; it
+    misses because A's file was kept and is compared at its own size."""
+    client = make_app(ANIMEGAN_MAX_SIDE=512).test_client()
+    files = faint_edit_files(case)
+    answers = send_each(client, files, multipart)
     assert [answers[name][0] for name in files] == ["MISS", "MISS", "HIT"]
     assert answers["re-saved"][1] == answers["original"][1]
     assert answers["faint edit"][1] != answers["original"][1]
+
+
+def test_edits_of_a_jpeg_at_its_own_size_miss():
+    """The third protocol of bench/cache_privacy.py, one seed: A uploads each photo as
+    JPEG q90; B edits that file at its own resolution and saves it at q90 or q75. Among
+    them, faint blurs of flat regions that the service's shrinking hides in JPEG noise:
+    small uploads are compared whole, so every one misses."""
+    trials = privacy.edit_trials(privacy.PHOTOS, privacy.SIZES, seeds=[0],
+                                 saved=("JPEG", "JPEG q75"), from_jpeg=True)
+    assert len(trials) == len(privacy.PHOTOS) * 4 * 2 * 2
+    assert [t for t in trials if not t.visible], "the trials must include faint edits"
+    assert [f"{t.photo} {t.size} {t.detail}" for t in trials if t.hit] == []
 
 
 def test_re_encoded_and_resized_copies_hit_at_both_sizes():

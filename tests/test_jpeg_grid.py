@@ -8,13 +8,15 @@ import time
 
 import numpy as np
 import pytest
-from PIL import Image, ImageCms, ImageFilter
+from PIL import Image, ImageCms, ImageFilter, PngImagePlugin
 
 from conftest import PHOTOS, encode_image, photo
 from flask_animegan import imaging
 from flask_animegan.decoders import Decoder
-from flask_animegan.decoding import DecodeLimits
-from flask_animegan.jpeg_grid import INFO_KEY, LOSSY_KEY, JpegGrid, grid_of, is_lossy_webp, same_source
+from flask_animegan.decoding import DecodeLimits, count_jpeg_scans, without_metadata
+from flask_animegan.jpeg_grid import (INFO_KEY, LOSSY_KEY, UPLOAD_MAX_BYTES, UPLOAD_MAX_SCANS,
+                                      JpegGrid, grid_of, is_lossy_webp, keepable_upload,
+                                      same_source, same_upload)
 
 SIDE = 256
 
@@ -196,3 +198,127 @@ def test_a_webp_of_many_empty_chunks_is_walked_in_bounded_time():
     started = time.perf_counter()
     assert is_lossy_webp(data)  # no image chunk in reach: counted as lossy
     assert time.perf_counter() - started < 0.5
+
+
+# -- small uploads the service shrinks: the same check at their own resolution ------------
+
+def whole(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+def corner_box(image: Image.Image) -> tuple[int, int, int, int]:
+    return (8, 8, 8 + image.width // 10, 8 + image.height // 10)
+
+
+@pytest.mark.parametrize("name", ["rocket", "moon", "clock", "cell", "coffee"])
+def test_a_faint_edit_of_a_small_upload_is_an_edit_at_its_own_size(name):
+    """The classes a shrunk JPEG hid from every statistic: A uploads a JPEG (or a PNG)
+    larger than the output; B blurs a flat corner of that file at its own resolution and
+    saves it as JPEG q90 or q75. Whatever came first, it is an edit; a plain re-save of
+    A's file is the same source."""
+    jpeg = encode_image(photo(name), "JPEG", quality=90)
+    png = encode_image(photo(name), "PNG", compress_level=6)
+    for first in (jpeg, png):
+        image = whole(first)
+        for quality in (90, 75):
+            edit = encode_image(faint_blur(image, corner_box(image)), "JPEG", quality=quality)
+            plain = encode_image(image, "JPEG", quality=quality)
+            assert same_upload(edit, first) is False, quality
+            assert same_upload(first, edit) is False
+            assert same_upload(plain, first) is True
+            assert same_upload(first, plain) is True
+
+
+def test_uploads_get_no_verdict_unless_both_are_small_files_of_one_size():
+    image = photo("coffee")
+    jpeg = encode_image(image, "JPEG", quality=90)
+    assert same_upload(jpeg, jpeg) is True  # the same file
+    smaller = encode_image(image.resize((image.width - 16, image.height)), "JPEG", quality=90)
+    assert same_upload(jpeg, smaller) is None
+    png = encode_image(image, "PNG")
+    assert same_upload(png, encode_image(faint_blur(image, corner_box(image)), "PNG")) is None
+    huge = encode_image(Image.effect_noise((1200, 1200), 64).convert("RGB"), "PNG")
+    assert len(huge) > UPLOAD_MAX_BYTES and not keepable_upload(huge)
+    assert same_upload(huge, jpeg) is None
+    cmyk = encode_image(image.convert("CMYK"), "JPEG", quality=90)
+    assert same_upload(cmyk, encode_image(image.convert("CMYK"), "JPEG", quality=80)) is None
+    webp_file = webp(image, lossless=True)
+    assert same_upload(webp_file, jpeg) is None and not keepable_upload(webp_file)
+
+
+def test_kept_uploads_that_do_not_decode_give_no_verdict_and_never_raise():
+    """A stored value is read back from the cache's storage (Redis): a truncated, flipped
+    or scan-padded file is no verdict, never an error, and never a long decode."""
+    jpeg = encode_image(photo("rocket"), "JPEG", quality=90)
+    rng = random.Random(11)
+    started = time.perf_counter()
+    for cut in [3, 20, 200, len(jpeg) // 2, len(jpeg) - 2]:
+        assert same_upload(jpeg[:cut], jpeg) in (None, False)
+    for _ in range(40):
+        flipped = bytearray(jpeg)
+        flipped[rng.randrange(len(jpeg))] ^= 1 << rng.randrange(8)
+        assert same_upload(bytes(flipped), jpeg) in (None, True, False)
+    scans = jpeg[:-2] + jpeg[jpeg.rindex(b"\xff\xda"):-2] * UPLOAD_MAX_SCANS + b"\xff\xd9"
+    assert count_jpeg_scans(scans) > UPLOAD_MAX_SCANS
+    assert same_upload(scans, jpeg) is None
+    assert time.perf_counter() - started < 20
+
+
+def test_whole_size_checks_run_one_at_a_time_and_a_long_wait_is_a_miss(monkeypatch):
+    """Each holds up to about 100 MiB, so a process runs one at a time; a check that
+    cannot start within the wait says "differ" (a miss), never "no verdict" (which would
+    leave a faint edit to the statistics)."""
+    from flask_animegan import jpeg_grid
+
+    jpeg = encode_image(photo("rocket"), "JPEG", quality=90)
+    resaved = encode_image(Image.open(io.BytesIO(jpeg)).convert("RGB"), "JPEG", quality=75)
+    assert same_upload(resaved, jpeg) is True
+    monkeypatch.setattr(jpeg_grid, "WHOLE_SIZE_WAIT", 0.2)
+    with jpeg_grid._WHOLE_SIZE_CHECK:  # another thread's check in progress
+        started = time.perf_counter()
+        assert same_upload(resaved, jpeg) is False
+        assert time.perf_counter() - started < 2
+    assert same_upload(resaved, jpeg) is True
+
+
+def with_metadata(fmt: str) -> bytes:
+    """The astronaut with GPS and camera details (EXIF), a comment or text chunk, and,
+    for a JPEG, a video appended after its end as some phones do."""
+    exif = Image.Exif()
+    exif[0x010F] = "CameraMaker"
+    exif[0x8825] = {1: "N", 2: (51.0, 30.0, 1.0)}  # GPS
+    if fmt == "PNG":
+        info = PngImagePlugin.PngInfo()
+        info.add_text("Location", "HomeAddress")
+        return encode_image(photo("astronaut"), "PNG", pnginfo=info, exif=exif.tobytes())
+    return encode_image(photo("astronaut"), "JPEG", quality=90, progressive=fmt == "progressive",
+                        exif=exif.tobytes(), comment=b"HomeAddress") + b"ftypmp4 \xff\xd9"
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "progressive", "PNG"])
+def test_a_kept_file_has_no_metadata_and_the_same_pixels(fmt):
+    data = with_metadata(fmt)
+    assert b"CameraMaker" in data and b"HomeAddress" in data
+    kept = without_metadata(data)
+    for secret in (b"CameraMaker", b"HomeAddress", b"ftypmp4", b"Exif"):
+        assert secret not in kept
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(kept))),
+                          np.asarray(Image.open(io.BytesIO(data))))
+    assert without_metadata(kept) == kept
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "progressive", "PNG"])
+def test_stripping_cut_or_flipped_files_never_raises(fmt):
+    """Every prefix up to 300 bytes, a seeded sample of longer ones, and seeded bit flips:
+    bytes or nothing, never an error, and never metadata."""
+    data = with_metadata(fmt)
+    rng = random.Random(fmt)
+    cuts = list(range(300)) + rng.sample(range(300, len(data)), 60)
+    for cut in cuts:
+        kept = without_metadata(data[:cut])
+        assert b"CameraMaker" not in kept
+    for _ in range(200):
+        flipped = bytearray(data)
+        flipped[rng.randrange(min(len(data), 4096))] ^= 1 << rng.randrange(8)
+        assert isinstance(without_metadata(bytes(flipped)), bytes)
+    assert without_metadata(b"GIF89a" + data) == b""

@@ -19,7 +19,8 @@ from conftest import encode_image, photo, pixelated
 from flask_animegan import imaging
 from flask_animegan.cache import (CachedResult, IndexMember, NearDuplicateCache, ResultStore,
                                   StoredResult, decode_entry, decode_member, encode_entry,
-                                  encode_member, encode_source)
+                                  decode_source, encode_member, encode_source, kept_upload)
+from flask_animegan.decoding import without_metadata
 from flask_animegan.errors import ImageTooLarge
 from flask_animegan.storage import MemoryStorage, open_storage
 from flask_animegan.storage.memory import ITEM_OVERHEAD
@@ -470,6 +471,34 @@ def test_an_entry_round_trips_with_its_kept_input_and_a_cut_one_never_raises(ast
             found = decode_entry(blob[:end])
             assert found is None or found.same_source(fingerprint) in (None, True, False)
     assert decode_entry(b"AGE1" + blob[4:]) is None  # the format before the kept input
+
+
+def test_an_entry_keeps_a_small_shrunk_upload_whole_and_a_cut_one_never_raises():
+    """A JPEG larger than the output (shrunk, so its fitted picture is no exact decode)
+    and small enough is kept whole before the kept input; one the output fits is not."""
+    photo_file = encode_image(photo("rocket"), "JPEG", quality=90)  # 640 px
+    cache = NearDuplicateCache(MemoryStorage(1), ttl=1)
+    shrunk = imaging.decode_upload(photo_file, max_pixels=10**8, size=SIDE)
+    fingerprint = cache.fingerprint(shrunk, photo_file)
+    assert fingerprint.upload == without_metadata(photo_file) and fingerprint.jpeg is None
+    source = encode_source(fingerprint.source, None, upload=fingerprint.upload)
+    assert kept_upload(source) == (fingerprint.upload, encode_source(fingerprint.source, None))
+    assert decode_source(source)[2] == decode_source(encode_source(fingerprint.source, None))[2]
+    blob = encode_entry(b"the result", shrunk.size, source)
+    assert decode_entry(blob).same_source(fingerprint) is True
+    for end in range(0, len(blob), 997):  # cut anywhere: a miss or no verdict, no error
+        found = decode_entry(blob[:end])
+        assert found is None or found.same_source(fingerprint) in (None, True, False)
+    small = encode_image(photo("rocket").resize((SIDE, 171)), "JPEG", quality=90)
+    exact = imaging.decode_upload(small, max_pixels=10**8, size=SIDE)
+    assert cache.fingerprint(exact, small).upload == b""  # the fitted check covers it
+    assert cache.fingerprint(shrunk, b"not an image").upload == b""
+    exif = Image.Exif()
+    exif[0x8825] = {1: "N", 2: (51.0, 30.0, 1.0)}  # GPS
+    exif[0x010F] = "CameraMaker"
+    located = encode_image(photo("rocket"), "JPEG", quality=90, exif=exif.tobytes())
+    kept = cache.fingerprint(shrunk, located).upload
+    assert kept and b"CameraMaker" not in kept and b"Exif" not in kept  # no GPS in the cache
 
 
 def test_an_input_webp_cannot_hold_is_not_kept_and_its_entry_still_stores():
