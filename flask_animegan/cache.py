@@ -33,7 +33,7 @@ its result and kept input + about 150 bytes (key, header) + 32,808 bytes for its
 member in the index; the value is rounded up to jemalloc's size class (up to +25 %,
 about +10 % on average). The kept input is 54-380 KiB (median 193) for the 22 photos of
 bench/cache_privacy.py at 512 px, about a quarter of that at 256 px, plus the uploaded
-file (at most 2 MiB) when it is kept. A result page: its
+file (at most 8 MiB) when it is kept. A result page: its
 two images + about 130 bytes, rounded the same way.
 
 The namespace holds the client's address (ANIMEGAN_CACHE_SCOPE "client"), so keys
@@ -60,7 +60,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
-from .decoding import without_metadata
+from .decoding import ACCEPTED_FORMATS, without_metadata
 from .errors import ImageTooLarge
 from .jpeg_grid import (LOSSY_KEY, JpegGrid, grid_of, keepable_upload, same_source,
                         same_upload)
@@ -113,7 +113,9 @@ class Fingerprint:
     # the input itself, for the exact JPEG re-save check (never stored in an index member)
     source: Image.Image | None = field(default=None, compare=False, repr=False)
     jpeg: JpegGrid | None = field(default=None, compare=False)  # set if an exact JPEG decode
-    lossy_webp: bool = field(default=False, compare=False)  # shares only identical pixels
+    # shares a result only with identical pixels: a lossy WebP, or an upload the service
+    # shrank whose file is not kept (over the limits of jpeg_grid.keepable_upload)
+    strict: bool = field(default=False, compare=False)
     # a small JPEG or PNG upload the fitted picture is not an exact decode of (it was
     # shrunk), kept whole but without metadata, for the exact check at its own resolution
     # (jpeg_grid.same_upload)
@@ -135,10 +137,11 @@ class Fingerprint:
         step = LUMA_SIDE // CHROMA_SIDE
         chroma = grid[..., 1:].reshape(CHROMA_SIDE, step, CHROMA_SIDE, step, 2).mean(axis=(1, 3))
         jpeg = grid_of(image)
+        kept, resized = (b"", False) if jpeg is not None else _kept_file(upload, image.size)
         return cls(int.from_bytes(bits.tobytes(), "big"), thumb, image.width / image.height,
                    np.ascontiguousarray(grid[..., 0]), chroma.round().astype(np.uint8),
-                   cell_hashes(image), image, jpeg, bool(image.info.get(LOSSY_KEY)),
-                   _kept_file(upload, image.size) if jpeg is None else b"")
+                   cell_hashes(image), image, jpeg,
+                   bool(image.info.get(LOSSY_KEY)) or (resized and not kept), kept)
 
     @property
     def nbytes(self) -> int:
@@ -223,19 +226,20 @@ class Fingerprint:
                 and self.local_difference(other) <= tolerance)
 
 
-def _kept_file(upload: bytes, size: tuple[int, int]) -> bytes:
-    """What an entry keeps of ``upload`` (see ``Fingerprint.upload``): a JPEG or PNG
-    whose own size (read from its header) is not the fitted ``size``, without its
-    metadata (no GPS or camera details in the cache), if it is then small enough; else
-    ``b""``."""
-    kept = without_metadata(upload) if upload else b""
-    if not kept or not keepable_upload(kept):
-        return b""
+def _kept_file(upload: bytes, size: tuple[int, int]) -> tuple[bytes, bool]:
+    """What an entry keeps of ``upload`` (see ``Fingerprint.upload``), and whether the
+    fitted ``size`` is not the file's own (read from its header; turned by EXIF counts
+    as the same). Kept: a resized JPEG or PNG without its metadata (no GPS or camera
+    details in the cache), if it is then small enough; else ``b""``."""
+    if not upload:
+        return b"", False
     try:
-        with Image.open(io.BytesIO(kept), formats=("JPEG", "PNG")) as opened:
-            return kept if opened.size != size else b""
+        with Image.open(io.BytesIO(upload), formats=ACCEPTED_FORMATS) as opened:
+            resized = sorted(opened.size) != sorted(size)
     except Exception:  # noqa: BLE001 - it decoded once already; if not, keep nothing
-        return b""
+        return b"", False
+    kept = without_metadata(upload) if resized else b""
+    return (kept if keepable_upload(kept) else b""), resized
 
 
 def cell_hashes(image: Image.Image) -> np.ndarray:
@@ -353,19 +357,20 @@ def decode_entry(blob: bytes | None) -> CachedResult | None:
     return CachedResult(blob[_ENTRY.size:end], (width, height), blob[end:])
 
 
-_PLAIN, _GRID, _LOSSY_WEBP, _UPLOAD = 0, 1, 2, 3  # the kept input's first byte
+_PLAIN, _GRID, _STRICT, _UPLOAD = 0, 1, 2, 3  # the kept input's first byte
 _UPLOAD_LENGTH = struct.Struct("<I")
 
 
 def encode_source(image: Image.Image | None, grid: JpegGrid | None,
-                  lossy_webp: bool = False, upload: bytes = b"") -> bytes:
+                  strict: bool = False, upload: bytes = b"") -> bytes:
     """An input as an entry keeps it: the uploaded file if ``upload`` (flagged, with its
-    length), then whether it is an exact JPEG decode (then its grid) or a lossy WebP, then
+    length), then whether it is an exact JPEG decode (then its grid) or strict (shares
+    only identical pixels: see ``Fingerprint.strict``), then
     its pixels as lossless WebP. Empty without an image."""
     if image is None:
         return b""
     if upload:
-        rest = encode_source(image, grid, lossy_webp)
+        rest = encode_source(image, grid, strict)
         return bytes([_UPLOAD]) + _UPLOAD_LENGTH.pack(len(upload)) + upload + rest if rest else b""
     buffer = io.BytesIO()
     try:
@@ -375,7 +380,7 @@ def encode_source(image: Image.Image | None, grid: JpegGrid | None,
     if grid is not None:
         head = bytes([_GRID]) + grid.pack()
     else:
-        head = bytes([_LOSSY_WEBP if lossy_webp else _PLAIN])
+        head = bytes([_STRICT if strict else _PLAIN])
     return head + buffer.getvalue()
 
 
@@ -392,14 +397,14 @@ def kept_upload(blob: bytes) -> tuple[bytes, bytes]:
 
 
 def decode_source(blob: bytes) -> tuple[JpegGrid | None, bool, bytes]:
-    """The grid, the lossy-WebP mark and the WebP bytes :func:`encode_source` wrote
+    """The grid, the strict mark and the WebP bytes :func:`encode_source` wrote
     (``None, False, b""`` if there are none or they do not parse); a kept uploaded file
     before them is skipped (see :func:`kept_upload`)."""
     blob = kept_upload(blob)[1]
-    if not blob or blob[0] not in (_PLAIN, _GRID, _LOSSY_WEBP):
+    if not blob or blob[0] not in (_PLAIN, _GRID, _STRICT):
         return None, False, b""
     if blob[0] != _GRID:
-        return None, blob[0] == _LOSSY_WEBP, blob[1:]
+        return None, blob[0] == _STRICT, blob[1:]
     grid, offset = JpegGrid.unpack(blob, 1)
     return (grid, False, blob[offset:]) if grid is not None else (None, False, b"")
 
@@ -440,20 +445,22 @@ class CachedResult:
     def same_source(self, fingerprint: Fingerprint) -> bool | None:
         """Whether ``fingerprint``'s input and this entry's are one JPEG re-save apart
         (``True``), that but edited in some cells (``False``), or neither can tell
-        (``None``): see :mod:`flask_animegan.jpeg_grid`. If either is a lossy WebP, only
-        identical pixels are the same (``True``), anything else ``False``. Costs nothing
-        unless one of them is an exact JPEG decode or a lossy WebP. When both entries
-        kept their small uploaded files (JPEG or PNG, shrunk by the service), those are
-        compared at their own resolution first (:func:`flask_animegan.jpeg_grid.same_upload`)."""
+        (``None``): see :mod:`flask_animegan.jpeg_grid`. When both kept their uploaded
+        files (JPEG or PNG, resized by the service), those are compared at their own
+        resolution (:func:`flask_animegan.jpeg_grid.same_upload`). If either is strict (a
+        lossy WebP, or a resized upload whose file was not kept), only identical fitted
+        pixels are the same (``True``), anything else ``False``. Costs nothing unless one
+        of them kept its file, is an exact JPEG decode or is strict."""
         upload, _ = kept_upload(self.source)
         if upload and fingerprint.upload:
             verdict = same_upload(fingerprint.upload, upload)
             if verdict is not None:
                 return verdict
-        grid, lossy, webp = decode_source(self.source)
-        strict = lossy or fingerprint.lossy_webp
-        if (fingerprint.source is None or not webp
-                or (not strict and grid is None and fingerprint.jpeg is None)):
+        grid, strict, webp = decode_source(self.source)
+        strict = strict or fingerprint.strict
+        if fingerprint.source is None or not webp:
+            return False if strict else None
+        if not strict and grid is None and fingerprint.jpeg is None:
             return None
         try:
             with Image.open(io.BytesIO(webp), formats=("WEBP",)) as stored:
@@ -461,7 +468,7 @@ class CachedResult:
                     return False if strict else None
                 image = stored.convert("RGB")
         except Exception:  # noqa: BLE001 - a value that does not parse is skipped
-            return None
+            return False if strict else None
         if strict:
             return bool(np.array_equal(np.asarray(image),
                                        np.asarray(fingerprint.source.convert("RGB"))))
@@ -480,8 +487,8 @@ class NearDuplicateCache:
     faint edit saved losslessly), and, when one input is an exact JPEG decode, the other
     re-encoded with its tables does not reproduce it in most cells but not all (a faint
     edit saved as JPEG: :mod:`flask_animegan.jpeg_grid`, at the fitted size or, for
-    small uploads the service shrank, at the files' own size); a lossy WebP hits only
-    identical pixels. Only the ``index_cap`` newest entries of a namespace are
+    uploads the service resized, at the files' own size); a lossy WebP, or a resized
+    upload too large to keep whole, hits only identical pixels. Only the ``index_cap`` newest entries of a namespace are
     candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
     ``max_bytes``. ``key`` (e.g. the app's secret key) keys the namespace digests.
     """
@@ -564,7 +571,7 @@ class NearDuplicateCache:
             return
         digest = self._digest(namespace)
         member = IndexMember(time.time(), secrets.token_bytes(16), fingerprint)
-        source = encode_source(fingerprint.source, fingerprint.jpeg, fingerprint.lossy_webp,
+        source = encode_source(fingerprint.source, fingerprint.jpeg, fingerprint.strict,
                                fingerprint.upload)
         self.storage.set_indexed(f"entry:{digest}:{member.entry_id.hex()}",
                                  encode_entry(data, size, source), index=f"index:{digest}",

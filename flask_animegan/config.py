@@ -131,8 +131,8 @@ class Settings:
         'Byte budget of the result cache (least recently used results are evicted). An '
         'entry holds its result, its input as lossless WebP (for the exact JPEG re-save '
         'check; 50-380 KiB at 512 px, median 190), a 29 KiB fingerprint and, for a JPEG or '
-        'PNG upload larger than the output, the uploaded file itself if it has at most 2 MiB '
-        'and 3 megapixels (the same check at its own size).')
+        'PNG upload larger than the output, the uploaded file itself, without metadata, if '
+        'it has at most 8 MiB and 12.6 megapixels (the same check at its own size).')
     phash_size: int = _setting(
         16, int,
         '`hash_size` of `imagehash.phash` used as the cache key (16 gives 256 bits).')

@@ -16,15 +16,16 @@ tables, a resized copy), there is no verdict and the statistical checks of
 
 A JPEG the service shrinks has no pixels of its own size in the fitted picture, and
 its coding noise, shrunk, is about as large as a faint blur of a flat region. So an
-upload larger than the output but small (a JPEG or PNG of at most
-:data:`UPLOAD_MAX_BYTES` and :data:`UPLOAD_MAX_PIXELS`) is kept as its own file, and
-two such files of the same size, one of them a JPEG, are compared the same exact way
-at their own resolution (:func:`same_upload`).
+upload larger than the output (a JPEG or PNG of at most :data:`UPLOAD_MAX_BYTES` and
+:data:`UPLOAD_MAX_PIXELS`, a phone's photo) is kept as its own file, without metadata,
+and two such files of the same size, one of them a JPEG, are compared the same exact
+way at their own resolution (:func:`same_upload`), in strips, one pair at a time.
 
 Lossy WebP has no such check (its encoder's choices cannot be replayed from the file),
 and its coding noise is larger than JPEG q90's, large enough to hide a pixelated patch
 of a dark region from any statistic. A decoded lossy WebP is marked (:data:`LOSSY_KEY`)
-and shares a result only with an input of identical pixels.
+and shares a result only with an input of identical pixels; so does an upload the service
+resized whose file is too large to keep (``cache.Fingerprint.strict``).
 
 Needs only Pillow and NumPy: the grid is read in the decode helper processes.
 """
@@ -35,6 +36,7 @@ import io
 import struct
 import threading
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -51,8 +53,8 @@ _CHUNKS_WALKED = 64  # a real WebP has its image chunk within its first few (VP8
 
 #: A JPEG or PNG upload larger than the output is kept whole in its cache entry, for the
 #: exact check at its own resolution, if it has at most this many bytes, pixels and scans.
-UPLOAD_MAX_BYTES = 2 * 1024 * 1024
-UPLOAD_MAX_PIXELS = 3_000_000
+UPLOAD_MAX_BYTES = 8 * 1024 * 1024
+UPLOAD_MAX_PIXELS = 12_600_000  # a 4080 x 3072 phone photo
 UPLOAD_MAX_SCANS = 32
 
 CELL = 16  # pixels: one MCU at 4:2:0, four blocks at 4:4:4
@@ -174,30 +176,82 @@ def same_source(first: Image.Image, first_grid: JpegGrid | None,
     """``True`` if one input is the other saved as JPEG (or identical), ``False`` if it is
     that except in some cells (edited before saving), ``None`` if this cannot tell.
 
-    Each input that is an exact JPEG decode is tried as a re-save of the other.
+    Each input that is an exact JPEG decode is tried as a re-save of the other. The
+    re-encoding runs in strips of :data:`STRIP` rows, so a large picture needs little
+    memory beyond the two decodes (JPEG codes each MCU row on its own; the decoder's
+    smoothing of colour across rows only reaches into the strip's margins, which are
+    not compared).
     """
     if first.size != second.size:
         return None
-    a, b = np.asarray(first.convert("RGB")), np.asarray(second.convert("RGB"))
-    if np.array_equal(a, b):
+    if all(np.array_equal(*rows) for rows in zip(_strips(first), _strips(second))):
         return True
     verdicts = []
-    for grid, source, target in ((first_grid, second, a), (second_grid, first, b)):
+    for grid, source, target in ((first_grid, second, first), (second_grid, first, second)):
         if grid is None:
             continue
         try:
-            candidate = grid.reencode(source)
+            verdict = _resave_agrees(grid, source, target)
         except (OSError, ValueError, TypeError):  # tables Pillow's encoder refuses
             continue
-        verdict = _cells_agree(candidate, target)
         if verdict:
             return True
         verdicts.append(verdict)
     return False if False in verdicts else None
 
 
+STRIP = 256  # rows re-encoded and compared at a time: a multiple of CELL and of the MCU
+_MARGIN = 16  # rows re-encoded above and below a strip and not compared
+
+
+def _strips(image: Image.Image) -> Iterator[np.ndarray]:
+    """``image``'s RGB pixels, :data:`STRIP` rows at a time."""
+    for top in range(0, image.height, STRIP):
+        yield np.asarray(image.crop((0, top, image.width, min(image.height, top + STRIP)))
+                         .convert("RGB"))
+
+
+def _resave_agrees(grid: JpegGrid, source: Image.Image, target: Image.Image) -> bool | None:
+    """Whether ``source`` re-encoded with ``grid`` is ``target`` in every CELL x CELL cell
+    (``None`` unless most textured ones are): see :func:`_cell_counts`."""
+    width, height = target.size
+    textured = identical = 0
+    differ = False
+    for top, expected in zip(range(0, height, STRIP), _strips(target)):
+        low, bottom = max(0, top - _MARGIN), top + expected.shape[0]
+        high = min(height, bottom + _MARGIN)
+        decoded = grid.reencode(source.crop((0, low, width, high)))
+        counts = _cell_counts(decoded[top - low:bottom - low], expected)
+        textured, identical, differ = (textured + counts[0], identical + counts[1],
+                                       differ or counts[2])
+    if textured < MIN_CELLS or identical < SHARE * textured:
+        return None
+    return not differ
+
+
+def _cell_counts(candidate: np.ndarray, target: np.ndarray) -> tuple[int, int, bool]:
+    """Over the CELL x CELL cells of two equal pixel arrays: how many are textured (not one
+    flat colour in either), how many of those are identical, and whether any cell differs."""
+    height, width = target.shape[:2]
+    rows, columns = -(-height // CELL), -(-width // CELL)
+
+    def cells(pixels: np.ndarray) -> np.ndarray:
+        padded = np.zeros((rows * CELL, columns * CELL, 3), np.uint8)
+        padded[:height, :width] = pixels
+        padded[height:, :] = padded[height - 1:height, :]  # edge cells stay flat if flat
+        padded[:, width:] = padded[:, width - 1:width]
+        grid: np.ndarray = padded.reshape(rows, CELL, columns, CELL, 3).transpose(0, 2, 1, 3, 4)
+        return grid
+
+    new, old = cells(candidate), cells(target)
+    differ = (new != old).any(axis=(2, 3, 4))
+    textured = ((new != new[:, :, :1, :1]).any(axis=(2, 3, 4))
+                | (old != old[:, :, :1, :1]).any(axis=(2, 3, 4)))
+    return int(textured.sum()), int((textured & ~differ).sum()), bool(differ.any())
+
+
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# one whole-size check at a time in a process: each holds about 100 MiB at 3 megapixels
+# one whole-size check at a time in a process: each holds about 130 MiB at 12 megapixels
 _WHOLE_SIZE_CHECK = threading.Lock()
 WHOLE_SIZE_WAIT = 2.0  # seconds a check waits for another to finish, then says "differ"
 
@@ -213,7 +267,7 @@ def same_upload(first: bytes, second: bytes) -> bool | None:
     both are keepable, 8-bit RGB or gray, of the same size within the pixel and scan
     limits, and one is a JPEG (each is decoded whole, about 20 ms a megapixel, and a JPEG
     one re-encodes the other). One runs at a time in a process, so the memory they hold
-    (about 100 MiB at the pixel limit) is bounded whatever the number of threads; one
+    (about 130 MiB at the pixel limit) is bounded whatever the number of threads; one
     that waits over :data:`WHOLE_SIZE_WAIT` for another says ``False`` (the caller misses:
     a cost under load, never a shared result that no check approved)."""
     from .decoding import count_jpeg_scans  # decoding imports this module
@@ -247,27 +301,3 @@ def same_upload(first: bytes, second: bytes) -> bool | None:
                 image.close()
     except Exception:  # noqa: BLE001 - a file that does not decode gives no verdict
         return None
-
-
-def _cells_agree(candidate: np.ndarray, target: np.ndarray) -> bool | None:
-    """Whether every CELL x CELL cell is identical; ``None`` unless most textured ones are."""
-    height, width = target.shape[:2]
-    rows, columns = -(-height // CELL), -(-width // CELL)
-
-    def cells(pixels: np.ndarray) -> np.ndarray:
-        padded = np.zeros((rows * CELL, columns * CELL, 3), np.uint8)
-        padded[:height, :width] = pixels
-        padded[height:, :] = padded[height - 1:height, :]  # edge cells stay flat if flat
-        padded[:, width:] = padded[:, width - 1:width]
-        grid: np.ndarray = padded.reshape(rows, CELL, columns, CELL, 3).transpose(0, 2, 1, 3, 4)
-        return grid
-
-    new, old = cells(candidate), cells(target)
-    differ = (new != old).any(axis=(2, 3, 4))
-    textured = ((new != new[:, :, :1, :1]).any(axis=(2, 3, 4))
-                | (old != old[:, :, :1, :1]).any(axis=(2, 3, 4)))
-    count = int(textured.sum())
-    identical = int((textured & ~differ).sum())
-    if count < MIN_CELLS or identical < SHARE * count:
-        return None
-    return not bool(differ.any())

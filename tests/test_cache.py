@@ -13,7 +13,7 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from conftest import (COLOR_PHOTOS, PHOTOS, REPO, encode_image, open_image, photo, photo_bytes,
                       pixelated)
-from flask_animegan import imaging
+from flask_animegan import imaging, jpeg_grid
 from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult, encode_source
 from flask_animegan.storage import MemoryStorage
 
@@ -370,6 +370,68 @@ def test_api_a_faint_jpeg_edit_misses_and_a_jpeg_re_save_hits(make_app, case, mu
     assert [answers[name][0] for name in files] == ["MISS", "MISS", "HIT"]
     assert answers["re-saved"][1] == answers["original"][1]
     assert answers["faint edit"][1] != answers["original"][1]
+
+
+@pytest.fixture(scope="module")
+def phone_jpeg() -> bytes:
+    return encode_image(privacy.large_photo("coffee"), "JPEG", quality=90)
+
+
+@pytest.mark.parametrize("size", [256, 512])
+def test_api_a_phone_size_jpeg_is_compared_whole(make_app, phone_jpeg, size):
+    """A 12-megapixel JPEG, as a phone takes (upscaled with grain), served at 256 or
+    512 px: a faint blur of its wall saved at q75 changes the fitted picture by less than
+    the JPEG's noise, and misses because A's file is kept and compared at its own size;
+    a q75 re-save and a 5 % smaller copy hit (the smaller one only since JPEGs are decoded
+    at a DCT scale of at least 3x the output: just above it, the block grid aliased)."""
+    client = make_app(ANIMEGAN_MAX_SIDE=512).test_client()
+    original = phone_jpeg
+    image = Image.open(io.BytesIO(original)).convert("RGB")
+    width, height = image.size
+    assert width * height > 11_000_000
+    box = (width // 20, height // 20, width // 20 + width // 10, height // 20 + height // 10)
+    smaller = image.resize((round(width * 0.95), round(height * 0.95)), Image.Resampling.LANCZOS)
+    files = {"original": original,
+             "faint edit": encode_image(blurred(image, box, 6), "JPEG", quality=75),
+             "re-saved": encode_image(image, "JPEG", quality=75),
+             "smaller": encode_image(smaller, "JPEG", quality=90)}
+    answers = {name: post(client, data, size=size) for name, data in files.items()}
+    assert all(r.status_code == 200 for r in answers.values())
+    assert [r.headers["X-Cache"] for r in answers.values()] == ["MISS", "MISS", "HIT", "HIT"]
+    assert answers["re-saved"].data == answers["original"].data
+
+
+def test_a_resized_upload_over_the_keeping_limits_shares_only_identical_pixels(monkeypatch):
+    """An upload the service resizes and cannot keep whole (here: the limit set to 0
+    bytes; by default over 8 MiB or 12.6 megapixels) leaves a faint edit saved as JPEG
+    to the statistics, which cannot see it. So it shares a result only with identical
+    fitted pixels, whichever came first: the same file again hits; a faint edit and a
+    plain re-save miss (a cost, never a leak)."""
+    monkeypatch.setattr(jpeg_grid, "UPLOAD_MAX_BYTES", 0)
+    original = encode_image(photo("rocket"), "JPEG", quality=90)  # 640 px, served at 256
+    image = Image.open(io.BytesIO(original)).convert("RGB")
+    files = {"again": original,
+             "faint edit": encode_image(blurred(image, (280, 40, 344, 83), 6), "JPEG",
+                                        quality=75),
+             "re-saved": encode_image(image, "JPEG", quality=75)}
+    cache = make_cache()
+
+    def fingerprint(data: bytes):
+        return cache.fingerprint(imaging.decode_upload(data, max_pixels=10**8, size=256), data)
+
+    first = fingerprint(original)
+    assert first.strict and first.upload == b""
+    for name, data in files.items():
+        for stored, asked in ((first, fingerprint(data)), (fingerprint(data), first)):
+            cache = make_cache()
+            cache.put(("s", 256, "jpeg"), stored, b"first", (256, 171))
+            assert (cache.get(("s", 256, "jpeg"), asked) is not None) == (name == "again"), name
+    monkeypatch.undo()
+    assert not fingerprint(original).strict  # within the limits: kept, compared whole
+    lossless = encode_image(photo("rocket"), "WEBP", lossless=True)
+    assert fingerprint(lossless).strict  # resized, and only JPEG and PNG files are kept
+    assert not fingerprint(encode_image(fitted(photo("rocket"), 256), "WEBP",
+                                        lossless=True)).strict  # not resized
 
 
 def test_edits_of_a_jpeg_at_its_own_size_miss():

@@ -237,9 +237,12 @@ def test_uploads_get_no_verdict_unless_both_are_small_files_of_one_size():
     assert same_upload(jpeg, smaller) is None
     png = encode_image(image, "PNG")
     assert same_upload(png, encode_image(faint_blur(image, corner_box(image)), "PNG")) is None
-    huge = encode_image(Image.effect_noise((1200, 1200), 64).convert("RGB"), "PNG")
-    assert len(huge) > UPLOAD_MAX_BYTES and not keepable_upload(huge)
-    assert same_upload(huge, jpeg) is None
+    noise = np.random.default_rng(1).integers(0, 256, (1800, 1800, 3), np.uint8)
+    heavy = encode_image(Image.fromarray(noise), "PNG")
+    assert len(heavy) > UPLOAD_MAX_BYTES and not keepable_upload(heavy)
+    assert same_upload(heavy, jpeg) is None
+    wide = Image.new("RGB", (4100, 3100), (40, 90, 160))  # 12.7 megapixels in a few KiB
+    assert same_upload(encode_image(wide, "JPEG"), encode_image(wide, "JPEG", quality=80)) is None
     cmyk = encode_image(image.convert("CMYK"), "JPEG", quality=90)
     assert same_upload(cmyk, encode_image(image.convert("CMYK"), "JPEG", quality=80)) is None
     webp_file = webp(image, lossless=True)
@@ -265,7 +268,7 @@ def test_kept_uploads_that_do_not_decode_give_no_verdict_and_never_raise():
 
 
 def test_whole_size_checks_run_one_at_a_time_and_a_long_wait_is_a_miss(monkeypatch):
-    """Each holds up to about 100 MiB, so a process runs one at a time; a check that
+    """Each holds up to about 130 MiB, so a process runs one at a time; a check that
     cannot start within the wait says "differ" (a miss), never "no verdict" (which would
     leave a faint edit to the statistics)."""
     from flask_animegan import jpeg_grid
