@@ -15,10 +15,10 @@ Cache layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
   hash_size 16.
 - ``entry:<namespace digest>:<id>``: a 16-byte header (its width, height and the
   result's length), the result's bytes, then the input it was converted from (for a
-  small JPEG or PNG upload the service shrank, first a flag byte, the file's length and
-  the uploaded file itself; then a byte saying whether it was an exact JPEG decode, then
-  its grid, or a lossy WebP; then its pixels as lossless WebP), for
-  :meth:`CachedResult.same_source`.
+  JPEG or PNG upload the service resized, of at most 8 MiB and 12.6 megapixels, first a
+  flag byte, the file's length and the file without its metadata; then a byte saying
+  whether it was an exact JPEG decode, then its grid, or strict; then its pixels as
+  lossless WebP), for :meth:`CachedResult.same_source`.
 
 Redis round trips: a hit costs 2 (read the index, run every check here, read the
 chosen entry); a miss costs 2 (read the index, then store the new entry and its index
@@ -114,10 +114,10 @@ class Fingerprint:
     source: Image.Image | None = field(default=None, compare=False, repr=False)
     jpeg: JpegGrid | None = field(default=None, compare=False)  # set if an exact JPEG decode
     # shares a result only with identical pixels: a lossy WebP, or an upload the service
-    # shrank whose file is not kept (over the limits of jpeg_grid.keepable_upload)
+    # resized whose file is not kept (over the limits of jpeg_grid.keepable_upload)
     strict: bool = field(default=False, compare=False)
-    # a small JPEG or PNG upload the fitted picture is not an exact decode of (it was
-    # shrunk), kept whole but without metadata, for the exact check at its own resolution
+    # the JPEG or PNG file of an upload the service resized (at most 8 MiB and 12.6
+    # megapixels), without its metadata, for the exact check at its own resolution
     # (jpeg_grid.same_upload)
     upload: bytes = field(default=b"", compare=False, repr=False)
 
@@ -365,13 +365,14 @@ def encode_source(image: Image.Image | None, grid: JpegGrid | None,
                   strict: bool = False, upload: bytes = b"") -> bytes:
     """An input as an entry keeps it: the uploaded file if ``upload`` (flagged, with its
     length), then whether it is an exact JPEG decode (then its grid) or strict (shares
-    only identical pixels: see ``Fingerprint.strict``), then
-    its pixels as lossless WebP. Empty without an image."""
+    only identical pixels: see ``Fingerprint.strict``), then its pixels as lossless
+    WebP. Empty without an image."""
     if image is None:
         return b""
     if upload:
         rest = encode_source(image, grid, strict)
-        return bytes([_UPLOAD]) + _UPLOAD_LENGTH.pack(len(upload)) + upload + rest if rest else b""
+        head = bytes([_UPLOAD]) + _UPLOAD_LENGTH.pack(len(upload))
+        return head + upload + rest if rest else b""
     buffer = io.BytesIO()
     try:
         image.convert("RGB").save(buffer, "WEBP", lossless=True, quality=0, method=0)
@@ -488,7 +489,8 @@ class NearDuplicateCache:
     re-encoded with its tables does not reproduce it in most cells but not all (a faint
     edit saved as JPEG: :mod:`flask_animegan.jpeg_grid`, at the fitted size or, for
     uploads the service resized, at the files' own size); a lossy WebP, or a resized
-    upload too large to keep whole, hits only identical pixels. Only the ``index_cap`` newest entries of a namespace are
+    upload too large to keep whole, hits only identical pixels. Only the ``index_cap``
+    newest entries of a namespace are
     candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
     ``max_bytes``. ``key`` (e.g. the app's secret key) keys the namespace digests.
     """
@@ -516,8 +518,8 @@ class NearDuplicateCache:
         self.misses = 0
 
     def fingerprint(self, image: Image.Image, upload: bytes = b"") -> Fingerprint:
-        """``image``: the fitted input; ``upload``: the file it was decoded from (a small
-        JPEG or PNG the service shrank is kept whole, for an exact check at its own size)."""
+        """``image``: the fitted input; ``upload``: the file it was decoded from (a JPEG
+        or PNG the service resized is kept whole, for an exact check at its own size)."""
         return Fingerprint.of(image, self.hash_size, upload)
 
     def get(self, namespace: tuple[object, ...], fingerprint: Fingerprint) -> CachedResult | None:

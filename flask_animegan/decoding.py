@@ -236,8 +236,9 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
     it, locally, like an edit; Lanczos removes it over a 3x reduction). A JPEG whose
     pixels come out exactly as decoded (not scaled, cropped, turned or colour-converted)
     carries its :class:`JpegGrid` in ``info[INFO_KEY]``, for the cache's exact re-save
-    check; a lossy WebP is marked with ``info[LOSSY_KEY]``. Raises BadImage (400), ImageTooLarge (413) or
-    UnsupportedImage (415) with a message fit for the person who sent the file.
+    check; a lossy WebP is marked with ``info[LOSSY_KEY]``. Raises BadImage (400),
+    ImageTooLarge (413) or UnsupportedImage (415) with a message fit for the person who
+    sent the file.
     """
     image = open_upload(data, limits)
     fmt = image.format

@@ -35,8 +35,8 @@ from __future__ import annotations
 import io
 import struct
 import threading
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,10 +52,10 @@ LOSSY_KEY = "animegan.lossy_webp"
 _CHUNKS_WALKED = 64  # a real WebP has its image chunk within its first few (VP8X, ICCP...)
 
 #: A JPEG or PNG upload larger than the output is kept whole in its cache entry, for the
-#: exact check at its own resolution, if it has at most this many bytes, pixels and scans.
+#: exact check at its own resolution, if it has at most this many bytes and pixels (and
+#: no more scans than ``DecodeLimits``' default allows).
 UPLOAD_MAX_BYTES = 8 * 1024 * 1024
 UPLOAD_MAX_PIXELS = 12_600_000  # a 4080 x 3072 phone photo
-UPLOAD_MAX_SCANS = 32
 
 CELL = 16  # pixels: one MCU at 4:2:0, four blocks at 4:4:4
 SHARE = 0.5  # of textured cells identical: the two inputs have one source
@@ -265,20 +265,21 @@ def keepable_upload(data: bytes) -> bool:
 def same_upload(first: bytes, second: bytes) -> bool | None:
     """:func:`same_source` for two kept files, at their own resolution: ``None`` unless
     both are keepable, 8-bit RGB or gray, of the same size within the pixel and scan
-    limits, and one is a JPEG (each is decoded whole, about 20 ms a megapixel, and a JPEG
-    one re-encodes the other). One runs at a time in a process, so the memory they hold
+    limits, and one is a JPEG (each is decoded whole and a JPEG one re-encodes the other:
+    about 40 ms a megapixel). One runs at a time in a process, so the memory they hold
     (about 130 MiB at the pixel limit) is bounded whatever the number of threads; one
     that waits over :data:`WHOLE_SIZE_WAIT` for another says ``False`` (the caller misses:
     a cost under load, never a shared result that no check approved)."""
-    from .decoding import count_jpeg_scans  # decoding imports this module
+    from .decoding import DecodeLimits, count_jpeg_scans  # decoding imports this module
 
     if first == second:
         return True
     opened = []
     try:
         for data in (first, second):
-            if not keepable_upload(data) or (data[:3] == b"\xff\xd8\xff"
-                                             and count_jpeg_scans(data) > UPLOAD_MAX_SCANS):
+            is_jpeg = data[:3] == b"\xff\xd8\xff"
+            if not keepable_upload(data) or (is_jpeg and
+                                             count_jpeg_scans(data) > DecodeLimits.max_scans):
                 return None
             image = Image.open(io.BytesIO(data), formats=("JPEG", "PNG"))
             if image.width * image.height > UPLOAD_MAX_PIXELS or image.mode not in _MODES:

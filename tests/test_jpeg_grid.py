@@ -14,7 +14,7 @@ from conftest import PHOTOS, encode_image, photo
 from flask_animegan import imaging
 from flask_animegan.decoders import Decoder
 from flask_animegan.decoding import DecodeLimits, count_jpeg_scans, without_metadata
-from flask_animegan.jpeg_grid import (INFO_KEY, LOSSY_KEY, UPLOAD_MAX_BYTES, UPLOAD_MAX_SCANS,
+from flask_animegan.jpeg_grid import (INFO_KEY, LOSSY_KEY, UPLOAD_MAX_BYTES,
                                       JpegGrid, grid_of, is_lossy_webp, keepable_upload,
                                       same_source, same_upload)
 
@@ -261,8 +261,9 @@ def test_kept_uploads_that_do_not_decode_give_no_verdict_and_never_raise():
         flipped = bytearray(jpeg)
         flipped[rng.randrange(len(jpeg))] ^= 1 << rng.randrange(8)
         assert same_upload(bytes(flipped), jpeg) in (None, True, False)
-    scans = jpeg[:-2] + jpeg[jpeg.rindex(b"\xff\xda"):-2] * UPLOAD_MAX_SCANS + b"\xff\xd9"
-    assert count_jpeg_scans(scans) > UPLOAD_MAX_SCANS
+    limit = DecodeLimits().max_scans
+    scans = jpeg[:-2] + jpeg[jpeg.rindex(b"\xff\xda"):-2] * limit + b"\xff\xd9"
+    assert count_jpeg_scans(scans) > limit
     assert same_upload(scans, jpeg) is None
     assert time.perf_counter() - started < 20
 
