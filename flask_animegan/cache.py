@@ -536,7 +536,7 @@ class NearDuplicateCache:
             found = decode_entry(self.storage.get(f"entry:{digest}:{entry_id.hex()}"))
             if found is None:  # expired or evicted since: a miss
                 break
-            if found.same_source(fingerprint) is False:  # edited, or not the same WebP
+            if found.same_source(fingerprint) is False:  # edited, or strict and not identical
                 found = None
                 continue
             break

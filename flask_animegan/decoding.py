@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
 from .errors import BadImage, ImageTooLarge, UnsupportedImage
-from .jpeg_grid import INFO_KEY, LOSSY_KEY, JpegGrid, is_lossy_webp
+from .jpeg_grid import INFO_KEY, LOSSY_KEY, PNG_SIGNATURE, JpegGrid, is_lossy_webp
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -123,7 +123,6 @@ def count_jpeg_scans(data: bytes) -> int:
 # YCbCr) stay, as do PNG's chunks that make the pixels.
 _JPEG_DROPPED = frozenset({*range(0xE1, 0xEE), 0xEF, 0xFE})
 _PNG_KEPT = frozenset({b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"})
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def without_metadata(data: bytes) -> bytes:
@@ -131,8 +130,8 @@ def without_metadata(data: bytes) -> bytes:
     IPTC, comments, text chunks, nor anything after its end (a phone's appended video).
     The pixels decode identically. ``b""`` if ``data`` is neither or its structure is cut
     or malformed."""
-    if data[:8] == _PNG_SIGNATURE:
-        kept, pos = [_PNG_SIGNATURE], 8
+    if data.startswith(PNG_SIGNATURE):
+        kept, pos = [PNG_SIGNATURE], 8
         while pos + 12 <= len(data):
             (length,) = struct.unpack_from(">I", data, pos)
             kind, end = data[pos + 4:pos + 8], pos + 12 + length

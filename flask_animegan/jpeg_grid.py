@@ -51,6 +51,10 @@ LOSSY_KEY = "animegan.lossy_webp"
 
 _CHUNKS_WALKED = 64  # a real WebP has its image chunk within its first few (VP8X, ICCP...)
 
+#: How a JPEG file (SOI, then a marker) and a PNG file begin.
+JPEG_START = b"\xff\xd8\xff"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
 #: A JPEG or PNG upload larger than the output is kept whole in its cache entry, for the
 #: exact check at its own resolution, if it has at most this many bytes and pixels (and
 #: no more scans than ``DecodeLimits``' default allows).
@@ -250,7 +254,6 @@ def _cell_counts(candidate: np.ndarray, target: np.ndarray) -> tuple[int, int, b
     return int(textured.sum()), int((textured & ~differ).sum()), bool(differ.any())
 
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # one whole-size check at a time in a process: each holds about 130 MiB at 12 megapixels
 _WHOLE_SIZE_CHECK = threading.Lock()
 WHOLE_SIZE_WAIT = 2.0  # seconds a check waits for another to finish, then says "differ"
@@ -258,7 +261,7 @@ WHOLE_SIZE_WAIT = 2.0  # seconds a check waits for another to finish, then says 
 
 def keepable_upload(data: bytes) -> bool:
     """Whether ``data`` is small enough, and looks enough like a JPEG or PNG, to keep whole."""
-    return (data[:3] == b"\xff\xd8\xff" or data[:8] == _PNG_SIGNATURE) \
+    return (data.startswith(JPEG_START) or data.startswith(PNG_SIGNATURE)) \
         and len(data) <= UPLOAD_MAX_BYTES
 
 
@@ -277,8 +280,7 @@ def same_upload(first: bytes, second: bytes) -> bool | None:
     opened = []
     try:
         for data in (first, second):
-            is_jpeg = data[:3] == b"\xff\xd8\xff"
-            if not keepable_upload(data) or (is_jpeg and
+            if not keepable_upload(data) or (data.startswith(JPEG_START) and
                                              count_jpeg_scans(data) > DecodeLimits.max_scans):
                 return None
             image = Image.open(io.BytesIO(data), formats=("JPEG", "PNG"))
