@@ -54,19 +54,21 @@ def test_the_figures_of_the_committed_weights_are_the_model_cards(measured, card
 
 
 def test_the_student_looks_like_a_cartoon_not_a_blur_and_imitates_its_teacher(measured):
-    """What the committed weights guarantee (the model card says where they fall short of
-    the bar the style was trained for: 0.6 edge energy and 1.0 saturation on every photo,
-    and 22 dB against the teacher; see its "Shortfalls")."""
+    """What the committed weights guarantee. The issue's bars at 512 px, on average over the
+    four photos: 0.6 of the input's edge energy and 1.0 of its saturation, with 256 px within
+    0.8x of 512; the model card's "Shortfalls" says where they fall short of the rest (22 dB
+    against the teacher; `china`'s edge energy and saturation)."""
     at_512, at_256 = measured["512"], measured["256"]
     # a σ = 4 Gaussian blur keeps about 0.3 of the edge energy; the first toon_demo 0.19-0.34
     assert at_512["mean"]["edge"] >= 0.6 and at_512["mean"]["saturation"] >= 1.0, at_512
+    assert at_512["mean"]["psnr_db"] >= 21, at_512  # v3: 18.8 dB against its teacher
     for photo, row in at_512["photos"].items():
-        assert row["edge"] >= 0.45 and row["saturation"] >= 0.8, (photo, row)
-        assert row["psnr_db"] >= 17, (photo, row)
+        assert row["edge"] >= 0.45 and row["saturation"] >= 0.7, (photo, row)
+        assert row["psnr_db"] >= 18.5, (photo, row)
     for photo, row in at_256["photos"].items():
         # at 256 px the picture keeps its lines: relative edge energy within 0.8x of 512's
         assert row["edge"] >= 0.8 * at_512["photos"][photo]["edge"], (photo, row)
-        assert row["psnr_db"] >= 15.5, (photo, row)
+        assert row["psnr_db"] >= 16.5, (photo, row)
     assert at_256["mean"]["edge"] >= 0.8 * at_512["mean"]["edge"]
 
 
