@@ -54,22 +54,37 @@ def test_the_figures_of_the_committed_weights_are_the_model_cards(measured, card
 
 
 def test_the_student_looks_like_a_cartoon_not_a_blur_and_imitates_its_teacher(measured):
-    """What the committed weights guarantee. The issue's bars at 512 px, on average over the
-    four photos: 0.6 of the input's edge energy and 1.0 of its saturation, with 256 px within
-    0.8x of 512; the model card's "Shortfalls" says where they fall short of the rest (22 dB
-    against the teacher; `china`'s edge energy and saturation)."""
+    """The issue's bars at 512 px, on average over the four photos: 0.6 of the input's edge
+    energy, 1.0 of its saturation and 22 dB against the teacher, with 256 px's relative edge
+    energy within 0.8x of 512's; and per photo, floors a little under what these weights
+    reach (the model card's "Shortfalls" names `china`'s saturation, 0.94)."""
     at_512, at_256 = measured["512"], measured["256"]
     # a σ = 4 Gaussian blur keeps about 0.3 of the edge energy; the first toon_demo 0.19-0.34
     assert at_512["mean"]["edge"] >= 0.6 and at_512["mean"]["saturation"] >= 1.0, at_512
-    assert at_512["mean"]["psnr_db"] >= 21, at_512  # v3: 18.8 dB against its teacher
+    assert at_512["mean"]["psnr_db"] >= 22, at_512  # v3: 18.8 dB against its teacher
     for photo, row in at_512["photos"].items():
-        assert row["edge"] >= 0.45 and row["saturation"] >= 0.7, (photo, row)
-        assert row["psnr_db"] >= 18.5, (photo, row)
+        assert row["edge"] >= 0.6 and row["saturation"] >= 0.9, (photo, row)
+        assert row["psnr_db"] >= 20.5, (photo, row)
     for photo, row in at_256["photos"].items():
         # at 256 px the picture keeps its lines: relative edge energy within 0.8x of 512's
         assert row["edge"] >= 0.8 * at_512["photos"][photo]["edge"], (photo, row)
-        assert row["psnr_db"] >= 16.5, (photo, row)
+        assert row["psnr_db"] >= 18.5, (photo, row)
     assert at_256["mean"]["edge"] >= 0.8 * at_512["mean"]["edge"]
+
+
+def test_the_teacher_is_as_blind_to_contrast_as_the_generator():
+    """The generator's first convolution has no bias and feeds a GroupNorm, so it gives the
+    same picture for a photo and a flatter copy of it (scaled about mid-gray); the teacher
+    sets every photo to one contrast first, so it asks for nothing the student cannot see."""
+    source = toon_style.fitted("astronaut", 256)
+    flatter = 0.5 + 0.6 * (source - 0.5)
+    model = load_generator(SHIPPED_STYLES_DIR / "toon_demo.pt")
+    outputs = [toon_style.stylise(model, image) for image in (source, flatter)]
+    # both go through 8-bit input and output, as in the app: a few levels apart at most
+    assert np.abs(outputs[0] - outputs[1]).mean() < 2 / 255
+    teachers = [toon_style.teacher(image) for image in (source, flatter)]
+    assert np.abs(teachers[0] - teachers[1]).max() < 1e-3
+    assert np.abs(source - flatter).mean() > 20 / 255  # the two inputs do differ
 
 
 def test_a_blur_fails_the_same_bar(measured):

@@ -2,7 +2,10 @@
 
 Shared by ``tools/train_demo_style.py`` (which trains the generator to imitate the teacher)
 and ``tests/test_toon_demo.py`` (which recomputes the model card's figures for the committed
-weights). Needs scikit-image, and scikit-learn for ``china.jpg``.
+weights). Needs scikit-image, and scikit-learn for ``china.jpg``. Run it to measure any
+photo of yours the same way:
+
+    python tools/toon_style.py street.jpg portrait.png --sheet artifacts/mine.jpg
 
 The figures, on photos the student never saw:
 
@@ -14,6 +17,7 @@ The figures, on photos the student never saw:
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -36,42 +40,67 @@ SIDES = (512, 256)
 #: XDoG's soft threshold: where a difference of Gaussians below minus this draws ink.
 LINE_SIGMA = 1.5
 LINE_THRESHOLD = 0.003
-#: The finished drawing is softened by a Gaussian of this σ at 512 px (scaled likewise):
-#: anti-aliasing for its 1-px steps, which the student cannot place (see the model card).
+#: The finished drawing is softened by a Gaussian of this σ at 512 px and below (scaled up
+#: above): anti-aliasing for its 1-px steps, which the student cannot place at any size.
 SOFTEN = 0.7
+#: CIELAB chroma is multiplied by this.
+CHROMA = 1.45
+#: The photo's contrast is first set to this root-mean-square distance from mid-gray (in the
+#: generator's [-1, 1] scale). The generator cannot see contrast (see ``normalise_contrast``),
+#: so a teacher that could would ask it for the impossible.
+CONTRAST = 0.6
+
+
+def normalise_contrast(rgb: np.ndarray) -> np.ndarray:
+    """``rgb`` scaled about mid-gray to a root-mean-square distance of ``CONTRAST``, clipped.
+
+    The generator's first convolution has no bias and feeds a GroupNorm, so its output for a
+    photo x (in [-1, 1]) and for a * x is the same for every a > 0: it cannot tell a photo
+    from a flatter or punchier copy. This puts every photo at one contrast before the
+    filter, so the teacher is blind to contrast in exactly the same way.
+    """
+    centred = rgb * 2 - 1
+    spread = float(np.sqrt(np.mean(centred ** 2)))
+    if spread < 1e-6:  # a mid-gray picture
+        return rgb
+    return np.clip((centred * (CONTRAST / spread) + 1) / 2, 0, 1).astype(np.float32)
 
 
 def teacher(rgb: np.ndarray) -> np.ndarray:
     """Cartoon filter: float32 HxWx3 in [0, 1] -> float32 HxWx3 in [0, 1].
 
+    * the photo set to one contrast (``normalise_contrast``: the student cannot see contrast);
     * mild edge-preserving flattening (total-variation denoising, weight 0.06: it wipes
       out noise and fine texture, not structure; the first teacher's 0.3 wiped out both);
-    * CIELAB lightness in bands of 10 units with steep soft steps, and chroma x 1.35;
+    * CIELAB lightness in bands of 10 units with steep soft steps, and chroma x ``CHROMA``;
     * dark contour lines from an XDoG (difference of Gaussians with a soft threshold) of
-      the original, darkening by up to 85 %. Its σ scales with the picture's long side
+      the photo, darkening by up to 85 %. Its σ scales with the picture's long side
       (``LINE_SIGMA`` px at 512, half that at 256), so the lines keep their place in the
       picture at any size instead of swallowing a small one;
-    * a ``SOFTEN``-px Gaussian over the result, which anti-aliases the lines and band
-      steps (on the held-out photos at 512 px the result keeps 0.86-1.16 of the input's
-      edge energy; v3's teacher, unsoftened and with thinner lines, 1.17-1.26).
+    * a ``SOFTEN``-px Gaussian over the result (at 512 px and below; scaled up above),
+      which anti-aliases the lines and band steps: the student places nothing finer. On
+      the held-out photos the result keeps 0.82-1.13 of the input's edge energy at 512 px
+      and 0.93-1.09 at 256.
     """
+    lines = line_map(rgb)
+    rgb = normalise_contrast(rgb)
     smooth = restoration.denoise_tv_chambolle(rgb, weight=0.06, channel_axis=-1)
     lab = color.rgb2lab(smooth)
     bands = lab[..., 0] / 10.0
     floor = np.floor(bands)
     lab[..., 0] = (floor + 1 / (1 + np.exp(-(bands - floor - 0.5) * 10.0))) * 10.0
-    lab[..., 1:] *= 1.35
+    lab[..., 1:] *= CHROMA
     toon = np.clip(color.lab2rgb(lab), 0, 1)
-    lines = line_map(rgb)
     drawn = toon * (1 - 0.85 * lines[..., None])
     scale = max(rgb.shape[:2]) / 512
-    return filters.gaussian(drawn, sigma=SOFTEN * scale, channel_axis=-1).astype(np.float32)
+    return filters.gaussian(drawn, sigma=SOFTEN * max(1.0, scale),
+                            channel_axis=-1).astype(np.float32)
 
 
 def line_map(rgb: np.ndarray) -> np.ndarray:
     """Where the teacher draws lines (0..1), for the loss's line weighting."""
     scale = max(rgb.shape[:2]) / 512
-    gray = color.rgb2gray(rgb)
+    gray = color.rgb2gray(normalise_contrast(rgb))
     sigma = max(0.5, LINE_SIGMA * scale)
     dog = filters.gaussian(gray, sigma=sigma) - 0.98 * filters.gaussian(gray, sigma=1.6 * sigma)
     return np.where(dog >= -LINE_THRESHOLD, 0.0,
@@ -80,14 +109,53 @@ def line_map(rgb: np.ndarray) -> np.ndarray:
 
 # -- photos ---------------------------------------------------------------------------
 
+#: Outdoor colour photos, which the installed wheels lack, from older wheels on PyPI:
+#: ``wheel:NAME`` -> (requirement, file in the wheel). Fetched once into ``build/wheels``
+#: with ``pip download --no-deps`` (training only; the figures never need them).
+WHEEL_PHOTOS = {
+    "quokka": ("imgaug==0.4.0", "imgaug/quokka.jpg"),  # an animal on a path, foliage
+    "raccoon": ("scipy==1.9.3", "scipy/misc/face.dat"),  # scipy.misc.face(): bark, leaves
+}
+WHEELS = REPO / "build" / "wheels"
+
+
+def wheel_photo(key: str) -> np.ndarray:
+    """``WHEEL_PHOTOS[key]`` as uint8 RGB, its wheel downloaded the first time."""
+    import bz2
+    import subprocess
+    import sys
+    import zipfile
+
+    requirement, member = WHEEL_PHOTOS[key]
+    project, version = requirement.split("==")
+    pattern = f"{project}-{version}-*.whl"
+    if not list(WHEELS.glob(pattern)):
+        # the same file on any machine, whatever its own Python or platform
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary",
+                        ":all:", "--python-version", "3.11", "--implementation", "cp", "--abi",
+                        "cp311", "--platform", "manylinux2014_x86_64", "--dest", str(WHEELS),
+                        requirement], check=True)
+    with zipfile.ZipFile(sorted(WHEELS.glob(pattern))[0]) as wheel:
+        raw = wheel.read(member)
+    if member.endswith(".dat"):  # scipy.misc.face: bz2 of raw 768 x 1024 RGB bytes
+        return np.frombuffer(bz2.decompress(raw), np.uint8).reshape(768, 1024, 3)
+    return np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
+
+
 def load_photo(name: str) -> np.ndarray:
     """A photo shipped inside a wheel, as float32 RGB in [0, 1].
 
     ``name`` is a ``skimage.data`` function, ``sklearn:FILE`` (scikit-learn's sample
-    images) or ``matplotlib:FILE`` (matplotlib's sample data).
+    images), ``matplotlib:FILE`` (matplotlib's sample data), ``wheel:KEY``
+    (``WHEEL_PHOTOS``) or the path of an image file.
     """
+    if Path(name).is_file():
+        with Image.open(name) as image:
+            return np.asarray(image.convert("RGB"), np.float32) / 255
     if ":" in name:
         package, file_name = name.split(":")
+        if package == "wheel":
+            return wheel_photo(file_name).astype(np.float32) / 255
         if package == "sklearn":
             from sklearn.datasets import load_sample_image
             array = load_sample_image(file_name)
@@ -112,7 +180,7 @@ def fitted(name: str, side: int) -> np.ndarray:
 
 
 def short_name(name: str) -> str:
-    return name.split(":")[-1].split(".")[0]
+    return Path(name.split(":")[-1]).stem
 
 
 # -- figures --------------------------------------------------------------------------
@@ -195,3 +263,31 @@ def card_table(figures: dict) -> str:
         lines.append(f"| **mean** | {side} | {mean['edge']:.2f} | {mean['saturation']:.2f} "
                      f"| {mean['psnr_db']:.1f} dB | | |")
     return "\n".join(lines)
+
+
+def main() -> None:
+    import argparse
+
+    from flask_animegan.styles import SHIPPED_STYLES_DIR
+    from flask_animegan.weights import load_generator
+
+    parser = argparse.ArgumentParser(
+        description="The model card's figures (edge energy, saturation, PSNR against the "
+                    "teacher, at 512 and 256 px) for any photos, and optionally their sheet "
+                    "(input | teacher | student).")
+    parser.add_argument("photos", nargs="+", help="image files, or names as in load_photo")
+    parser.add_argument("--weights", default=str(SHIPPED_STYLES_DIR / "toon_demo.pt"))
+    parser.add_argument("--sheet", help="write the side-by-side sheet here (JPEG)")
+    args = parser.parse_args()
+    model = load_generator(Path(args.weights))
+    print(card_table(figures(model, photos=args.photos)))
+    if args.sheet:
+        Path(args.sheet).parent.mkdir(parents=True, exist_ok=True)
+        samples_sheet(model, Path(args.sheet), photos=args.photos)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    main()
