@@ -117,7 +117,7 @@ def sample_batch(pairs, batch: int, crop: int, rng: random.Random):
 
 #: The weights this recipe starts from: toon_demo v4, as committed in git. v4 was itself
 #: fine-tuned for 62.6 min from v3, and v3 trained for 78.3 min from random weights, on the
-#: same photos against earlier versions of the teacher (see the model card's history).
+#: installed wheels' photos against earlier versions of the teacher (see the model card).
 INIT_COMMIT = "d835c26"
 INIT_WEIGHTS = REPO / "build" / "toon_demo_v4.pt"
 
