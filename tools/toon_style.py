@@ -82,6 +82,11 @@ def teacher(rgb: np.ndarray) -> np.ndarray:
       the held-out photos the result keeps 0.82-1.13 of the input's edge energy at 512 px
       and 0.93-1.09 at 256.
     """
+    return teacher_and_lines(rgb)[0]
+
+
+def teacher_and_lines(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``teacher(rgb)`` and where it drew lines (0..1), which the training loss weights."""
     rgb = normalise_contrast(rgb)
     lines = xdog_lines(rgb)
     smooth = restoration.denoise_tv_chambolle(rgb, weight=0.06, channel_axis=-1)
@@ -93,13 +98,8 @@ def teacher(rgb: np.ndarray) -> np.ndarray:
     toon = np.clip(color.lab2rgb(lab), 0, 1)
     drawn = toon * (1 - 0.85 * lines[..., None])
     scale = max(rgb.shape[:2]) / 512
-    return filters.gaussian(drawn, sigma=SOFTEN * max(1.0, scale),
-                            channel_axis=-1).astype(np.float32)
-
-
-def line_map(rgb: np.ndarray) -> np.ndarray:
-    """Where the teacher draws lines on a photo (0..1), for the loss's line weighting."""
-    return xdog_lines(normalise_contrast(rgb))
+    finished = filters.gaussian(drawn, sigma=SOFTEN * max(1.0, scale), channel_axis=-1)
+    return finished.astype(np.float32), lines
 
 
 def xdog_lines(rgb: np.ndarray) -> np.ndarray:

@@ -49,7 +49,7 @@ from flask_animegan.generator import Generator  # noqa: E402
 from flask_animegan.styles import SHIPPED_STYLES_DIR  # noqa: E402
 from flask_animegan.weights import load_generator  # noqa: E402
 from tools import toon_style  # noqa: E402
-from tools.toon_style import HELD_OUT, line_map, load_photo, teacher  # noqa: E402
+from tools.toon_style import HELD_OUT, load_photo, teacher_and_lines  # noqa: E402
 
 #: Colour photographs shipped in wheels: scikit-image's sample data, scikit-learn's
 #: ``flower.jpg``, matplotlib's ``grace_hopper.jpg`` and two outdoor photos from older wheels
@@ -93,10 +93,10 @@ def build_pairs(colour_copies: int, gray_copies: int, seed: int) -> list[tuple[t
             photo = load_photo(name)
             for _ in range(copies):
                 source = augment(photo, rng)
-                target = teacher(source)
+                target, lines = teacher_and_lines(source)
                 pairs.append((torch.from_numpy(source).permute(2, 0, 1) * 2 - 1,
                               torch.from_numpy(target).permute(2, 0, 1) * 2 - 1,
-                              torch.from_numpy(line_map(source))[None]))
+                              torch.from_numpy(lines)[None]))
     return pairs
 
 
@@ -230,7 +230,7 @@ def main() -> None:
     parser.add_argument("--gray-copies", type=int, default=4,
                         help="augmented copies per grayscale photo")
     parser.add_argument("--line-weight", type=float, default=2.0,
-                        help="extra L1 weight on the teacher's line pixels")
+                        help="extra weight of the per-pixel loss on the teacher's line pixels")
     parser.add_argument("--init", default=str(INIT_WEIGHTS),
                         help="start from these weights ('': random weights; the default is "
                              "toon_demo v4, taken out of git)")
