@@ -20,10 +20,20 @@ from pathlib import Path
 from typing import Any
 
 from flask_animegan.config import Settings
-from flask_animegan.engine import InferenceEngine
 from flask_animegan.process import configure_process
+from flask_animegan.runtime.engine import InferenceEngine
 
-from . import backends, cache, ceilings, memory, model_speed, report, service, stages, targets
+from . import (
+    backends,
+    cache,
+    ceilings,
+    memory,
+    model_speed,
+    report,
+    service,
+    stages,
+    targets,
+)
 from .inputs import PHOTO_DESCRIPTION, REPO, jpeg, photo, prepare_weights
 from .plan import FULL, QUICK, Plan
 

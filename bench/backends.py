@@ -44,8 +44,8 @@ def child(mode: str, cache: str, models_dir: str, style: str, size: int, runs: i
     import numpy as np
     from PIL import Image
 
-    from flask_animegan.engine import IDLE_RELEASE_S
     from flask_animegan.process import configure_process
+    from flask_animegan.runtime.engine import IDLE_RELEASE_S
 
     from .model_speed import engine_for
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(mode, cache, models_dir, style, int(size), int(runs),
                                int(threads))))
         return 0
-    from flask_animegan.precision import native_bf16
+    from flask_animegan.runtime.precision import native_bf16
 
     from . import report
     from .ceilings import usable_cpus

@@ -20,7 +20,7 @@ from flask import Flask, Response, request
 from PIL import Image
 from torchvision import transforms
 
-from flask_animegan.generator import Generator
+from flask_animegan.runtime.generator import Generator
 
 WEIGHTS = os.environ["BENCH_WEIGHTS"]
 SIZE = int(os.environ.get("BENCH_SIZE", "512"))  # long side of the output

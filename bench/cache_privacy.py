@@ -44,12 +44,21 @@ import numpy as np
 import skimage.data
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-from flask_animegan import imaging, jpeg_grid
-from flask_animegan.cache import (ASPECT_TOLERANCE, Fingerprint, NearDuplicateCache,
-                                   encode_source)
-from flask_animegan.jpeg_grid import UPLOAD_MAX_BYTES, grid_of, same_source, same_upload
-
 from bench.report import table
+from flask_animegan.cache import jpeg_grid
+from flask_animegan.cache.jpeg_grid import (
+    UPLOAD_MAX_BYTES,
+    grid_of,
+    same_source,
+    same_upload,
+)
+from flask_animegan.cache.near_duplicate import (
+    ASPECT_TOLERANCE,
+    Fingerprint,
+    NearDuplicateCache,
+    encode_source,
+)
+from flask_animegan.inputs import decoding
 
 WHOLE_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field",
                 "immunohistochemistry", "retina", "stereo_motorcycle", "camera", "coins", "moon",
@@ -117,7 +126,7 @@ def decoded(data: bytes) -> Image.Image:
 
 def upload(data: bytes, size: int) -> Image.Image:
     """What the service fingerprints: the upload decoded and fitted to ``size``."""
-    return imaging.fit(imaging.decode_upload(data, max_pixels=10**8, size=size), size)
+    return decoding.fit(decoding.decode_upload(data, decoding.DecodeLimits(max_pixels=10**8), size=size), size)
 
 
 def resized(image: Image.Image, factor: float) -> Image.Image:
@@ -330,8 +339,8 @@ SAVED = {"PNG": ("PNG", {}), "JPEG": ("JPEG", {"quality": 90}),
 
 @functools.cache
 def _model() -> Any:
-    from flask_animegan.styles import SHIPPED_STYLES_DIR
-    from flask_animegan.weights import load_generator
+    from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
+    from flask_animegan.runtime.weights import load_generator
 
     return load_generator(SHIPPED_STYLES_DIR / "toon_demo.pt")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from flask_animegan.precision import native_bf16
+from flask_animegan.runtime.precision import native_bf16
 
 from .timing import time_runs
 

@@ -19,9 +19,9 @@ import numpy as np
 import skimage.data
 from PIL import Image
 
-from flask_animegan.decoders import Decoder
-from flask_animegan.decoding import DecodeLimits
 from flask_animegan.errors import ConversionError
+from flask_animegan.inputs.decoding import DecodeLimits
+from flask_animegan.inputs.isolation import Decoder
 
 from .timing import median
 

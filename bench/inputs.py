@@ -12,8 +12,8 @@ import skimage.data
 import torch
 from PIL import Image
 
-from flask_animegan.generator import Generator
-from flask_animegan.styles import SHIPPED_STYLES_DIR
+from flask_animegan.runtime.generator import Generator
+from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_STYLE = SHIPPED_STYLES_DIR / "toon_demo.pt"

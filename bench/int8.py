@@ -27,13 +27,13 @@ import numpy as np
 import skimage.data
 from PIL import Image
 
-from flask_animegan import imaging
-from flask_animegan.backends import openvino as ovb
-from flask_animegan.backends import fidelity
-from flask_animegan.backends.torch import TorchRunner
+from flask_animegan.inputs import decoding
 from flask_animegan.process import configure_process
-from flask_animegan.styles import SHIPPED_STYLES_DIR
-from flask_animegan.weights import load_generator
+from flask_animegan.runtime.backends import fidelity
+from flask_animegan.runtime.backends import openvino as ovb
+from flask_animegan.runtime.backends.torch import TorchRunner
+from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
+from flask_animegan.runtime.weights import load_generator
 
 from . import ceilings
 
@@ -50,7 +50,7 @@ def calibration_images(side: int) -> list[np.ndarray]:
     for name in CALIBRATION:
         array = getattr(skimage.data, name)()
         array = array[0] if isinstance(array, tuple) else array
-        images.append(pixels(imaging.fit(Image.fromarray(np.asarray(array)).convert("RGB"), side)))
+        images.append(pixels(decoding.fit(Image.fromarray(np.asarray(array)).convert("RGB"), side)))
     return images
 
 

@@ -21,9 +21,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from flask_animegan.config import Settings
-from flask_animegan.engine import InferenceEngine
-from flask_animegan.generator import Generator
-from flask_animegan.weights import load_generator
+from flask_animegan.runtime.engine import InferenceEngine
+from flask_animegan.runtime.generator import Generator
+from flask_animegan.runtime.weights import load_generator
 
 from .timing import median, ratio, time_runs
 
@@ -50,7 +50,7 @@ def generator_gflop(side: int) -> float:
 def openvino_precisions() -> list[str]:
     """OpenVINO's precisions on this CPU; none without the extra."""
     try:
-        from flask_animegan.backends.openvino import OpenVINOBackend
+        from flask_animegan.runtime.backends.openvino import OpenVINOBackend
     except ImportError:
         return []
     return list(OpenVINOBackend(cache_dir=None, threads=1).precisions())

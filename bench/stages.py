@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from flask_animegan import imaging
 from flask_animegan.config import Settings
-from flask_animegan.decoders import Decoder
-from flask_animegan.engine import InferenceEngine
+from flask_animegan.inputs import formats
+from flask_animegan.inputs.isolation import Decoder
 from flask_animegan.pipeline import Pipeline
+from flask_animegan.runtime.engine import InferenceEngine
 
 from .timing import median, time_runs
 
@@ -79,9 +79,9 @@ def measure(data: bytes, *, size: int, runs: int, models_dir: Path, style: str,
     _, result, encoded = laps[-1]
     encode = {}
     for fmt in ENCODE_FORMATS:
-        seconds = time_runs(lambda: imaging.encode(result, fmt, quality), warmup=1, runs=max(3, runs))
+        seconds = time_runs(lambda: formats.encode(result, fmt, quality), warmup=1, runs=max(3, runs))
         encode[fmt] = {"ms": median(seconds) * 1000,
-                       "bytes": len(imaging.encode(result, fmt, quality))}
+                       "bytes": len(formats.encode(result, fmt, quality))}
     return {
         "size": size, "precision": precision, "backend": backend, "runs": runs,
         "input_bytes": len(data),

@@ -1,7 +1,7 @@
 """flask-animegan: photo-to-anime conversion (AnimeGANv2) for Flask apps, fast on CPUs.
 
 The public names are imported on first use: importing a light submodule (the upload
-decoder that runs in helper processes, ``flask_animegan.decoding``) must not import
+decoder that runs in helper processes, ``flask_animegan.inputs.decoding``) must not import
 torch.
 """
 
@@ -16,10 +16,10 @@ _EXPORTS = {
     "AnimeGAN": ".extension",
     "AnimeGANService": ".service",
     "ConversionError": ".errors",
-    "Generator": ".generator",
-    "WeightsError": ".weights",
+    "Generator": ".runtime.generator",
+    "WeightsError": ".runtime.weights",
     "get_service": ".service",
-    "load_generator": ".weights",
+    "load_generator": ".runtime.weights",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -28,11 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
     # "X as X": re-exported for type checkers (mypy --strict cannot read __all__ above)
     from .errors import ConversionError as ConversionError
     from .extension import AnimeGAN as AnimeGAN
-    from .generator import Generator as Generator
+    from .runtime.generator import Generator as Generator
+    from .runtime.weights import WeightsError as WeightsError
+    from .runtime.weights import load_generator as load_generator
     from .service import AnimeGANService as AnimeGANService
     from .service import get_service as get_service
-    from .weights import WeightsError as WeightsError
-    from .weights import load_generator as load_generator
 
 
 def __getattr__(name: str) -> Any:

@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Flask, current_app
 
-from . import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
-from . import ratelimit
-from .cache import NearDuplicateCache, ResultStore
-from .catalog import known_styles
+from .cache.near_duplicate import NearDuplicateCache, ResultStore
+from .cache.storage import open_storage
 from .config import DEFAULTS, AnimeGANOptions, Settings
-from .decoders import Decoder
-from .engine import InferenceEngine
+from .inputs.isolation import Decoder
 from .metrics import Metrics
 from .process import configure_process
+from .runtime.catalog import known_styles
+from .runtime.engine import InferenceEngine
 from .service import AnimeGANService, get_service
-from .storage import open_storage
-from .views import blueprint, routing_error_response
+from .web import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
+from .web import limits as ratelimit
+from .web.views import blueprint, routing_error_response
 
 if TYPE_CHECKING:  # typing.Unpack is new in Python 3.11
     from typing_extensions import Unpack

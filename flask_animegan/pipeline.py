@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
-from . import imaging
-from .catalog import StyleInfo
-from .decoders import Decoder
+from .inputs.decoding import fit, to_rgb
+from .inputs.formats import MIME_TYPES, encode
+from .inputs.isolation import Decoder
+from .runtime.catalog import StyleInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .cache import Fingerprint, NearDuplicateCache
-    from .engine import InferenceEngine
+    from .cache.near_duplicate import Fingerprint, NearDuplicateCache
+    from .runtime.engine import InferenceEngine
 
 
 @dataclass
@@ -80,11 +81,11 @@ class Pipeline:
         if encoded is None:
             result = self.engine.run(fitted, style.name)
             lap("infer")
-            encoded = imaging.encode(result, fmt, self.quality)
+            encoded = encode(result, fmt, self.quality)
             lap("encode")
             if self.cache is not None:
                 self.cache.put(namespace, fingerprint, encoded, fitted.size)
-        return Conversion(encoded, imaging.MIME_TYPES[fmt], fmt, style.name, fitted.size,
+        return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
                           cache_hit=hit, face_crop=style.face, input_image=fitted,
                           timings=lap.timings)
 
@@ -98,11 +99,11 @@ class Pipeline:
             return cached.data if cached is not None else None
         result = Image.open(io.BytesIO(cached.data)).convert("RGB")
         result = result.resize(size, Image.Resampling.LANCZOS)
-        return imaging.encode(result, namespace[3], self.quality)
+        return encode(result, namespace[3], self.quality)
 
     def convert_image(self, image: Image.Image, style: StyleInfo, size: int) -> Image.Image:
         """Convert a PIL image (any mode) already in memory; no decode, no cache."""
-        fitted = imaging.fit(imaging.to_rgb(image), size, square=style.face)
+        fitted = fit(to_rgb(image), size, square=style.face)
         return self.engine.run(fitted, style.name)
 
 

@@ -12,14 +12,15 @@ from typing import Any
 from flask import current_app
 from PIL import Image
 
-from . import imaging
-from .cache import NearDuplicateCache, ResultStore
+from .cache.near_duplicate import NearDuplicateCache, ResultStore
 from .config import OUTPUT_FORMATS, Settings
-from .decoders import Decoder
-from .engine import MIN_SIDE, InferenceEngine
 from .errors import BadParameter, ConversionError
+from .inputs.decoding import fit
+from .inputs.formats import encode
+from .inputs.isolation import Decoder
 from .metrics import Metrics
 from .pipeline import Conversion, Pipeline
+from .runtime.engine import MIN_SIDE, InferenceEngine
 
 __all__ = ["AnimeGANService", "Conversion", "get_service", "warm_up_all"]
 
@@ -170,11 +171,11 @@ class AnimeGANService:
             chosen = self.engine.style(name)
             with Image.open(SAMPLE_PHOTO) as photo:
                 rgb = photo.convert("RGB")
-            target = imaging.fit(rgb, self.sample_size, square=chosen.face).size
-            styled = self.engine.run(imaging.fit(rgb, 2 * self.sample_size, square=chosen.face),
+            target = fit(rgb, self.sample_size, square=chosen.face).size
+            styled = self.engine.run(fit(rgb, 2 * self.sample_size, square=chosen.face),
                                      chosen.name)
             small = styled.resize(target, Image.Resampling.LANCZOS)
-            sample = imaging.encode(small, "jpeg", 85)
+            sample = encode(small, "jpeg", 85)
             with self._samples_lock:
                 self._samples[chosen.name] = sample
         return sample

@@ -12,9 +12,8 @@ import zipfile
 import zlib
 
 import numpy as np
-from PIL import Image, ImageCms
-
 from conftest import encode_image, photo, photo_bytes
+from PIL import Image, ImageCms
 
 OK = {200}
 BAD = {400}

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import redis
-
 from conftest import free_port, need
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"

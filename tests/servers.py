@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import requests
-
 from conftest import REPO, free_port
 
 GUNICORN = Path(sys.executable).with_name("gunicorn")

@@ -9,23 +9,23 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import threading
 import time
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO, need, photo, photo_bytes
 from PIL import Image
 
-from conftest import REPO, need, photo, photo_bytes
-from flask_animegan import imaging
-from flask_animegan.backends.fidelity import psnr
 from flask_animegan.config import Settings
-from flask_animegan.engine import InferenceEngine
-from flask_animegan.precision import native_bf16
-from flask_animegan.styles import SHIPPED_STYLES_DIR
+from flask_animegan.inputs import decoding
+from flask_animegan.runtime.backends.fidelity import psnr
+from flask_animegan.runtime.engine import InferenceEngine
+from flask_animegan.runtime.precision import native_bf16
+from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
 
 HAVE_OPENVINO = importlib.util.find_spec("openvino") is not None
 NEED_OPENVINO = "the openvino extra is not installed: pip install -e '.[openvino]'"
@@ -37,7 +37,7 @@ SIZES = ("fit-256", "123x77")
 def openvino_precisions() -> tuple[str, ...]:
     if not HAVE_OPENVINO:
         return ("fp32",)  # listed so that the test says it skipped (fails in CI)
-    from flask_animegan.backends.openvino import OpenVINOBackend
+    from flask_animegan.runtime.backends.openvino import OpenVINOBackend
 
     return OpenVINOBackend(cache_dir=None, threads=1).precisions()
 
@@ -60,7 +60,7 @@ def shipped_engine(backend: str, precision: str, cache: Path) -> InferenceEngine
 def sized(name: str, size: str) -> Image.Image:
     image = photo(name)
     if size.startswith("fit-"):
-        return imaging.fit(image, int(size[4:]))
+        return decoding.fit(image, int(size[4:]))
     width, height = (int(n) for n in size.split("x"))
     return image.resize((width, height), Image.Resampling.LANCZOS)
 
@@ -126,7 +126,7 @@ def test_auto_picks_the_fastest_candidate_and_says_so(make_app, model_cache, cap
 
 def test_a_candidate_below_the_guard_is_refused_and_shown(make_app, model_cache, monkeypatch):
     need(HAVE_OPENVINO, NEED_OPENVINO)
-    monkeypatch.setattr("flask_animegan.engine.MIN_PSNR_DB", 1000.0)  # nothing reaches it
+    monkeypatch.setattr("flask_animegan.runtime.engine.MIN_PSNR_DB", 1000.0)  # nothing reaches it
     app = make_app(ANIMEGAN_MODEL_CACHE_DIR=str(model_cache), ANIMEGAN_SHIPPED_STYLES=False,
                    ANIMEGAN_DEFAULT_STYLE="test_style", ANIMEGAN_BACKEND="openvino",
                    ANIMEGAN_PRECISION="fp32")
@@ -211,7 +211,7 @@ def _listing(folder: Path) -> dict[str, tuple[int, int]]:
 
 def test_openvino_buffers_go_back_once_idle(model_cache, monkeypatch):
     need(HAVE_OPENVINO, NEED_OPENVINO)
-    monkeypatch.setattr("flask_animegan.engine.IDLE_RELEASE_S", 0.3)
+    monkeypatch.setattr("flask_animegan.runtime.engine.IDLE_RELEASE_S", 0.3)
     engine = shipped_engine("openvino", "fp32", model_cache)
     runner = engine.runner()
     released = []

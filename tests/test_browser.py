@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, encode_image, need, open_image, photo
 from servers import Server
 
@@ -128,7 +127,10 @@ def not_a_photo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def wait_for(condition: Callable[[], object], timeout: float = WAIT, what: str = "") -> object:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

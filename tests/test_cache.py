@@ -9,13 +9,27 @@ import time
 
 import numpy as np
 import pytest
+from conftest import (
+    COLOR_PHOTOS,
+    PHOTOS,
+    REPO,
+    encode_image,
+    open_image,
+    photo,
+    photo_bytes,
+    pixelated,
+)
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
-from conftest import (COLOR_PHOTOS, PHOTOS, REPO, encode_image, open_image, photo, photo_bytes,
-                      pixelated)
-from flask_animegan import imaging, jpeg_grid
-from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult, encode_source
-from flask_animegan.storage import MemoryStorage
+from flask_animegan.cache import jpeg_grid
+from flask_animegan.cache.near_duplicate import (
+    NearDuplicateCache,
+    ResultStore,
+    StoredResult,
+    encode_source,
+)
+from flask_animegan.cache.storage import MemoryStorage
+from flask_animegan.inputs import decoding
 
 
 def load_privacy_bench():
@@ -36,7 +50,7 @@ SIDE = 512  # the default ANIMEGAN_MAX_SIDE: fingerprints are taken of the fitte
 def fitted(image: Image.Image, size: int = SIDE) -> Image.Image:
     """What the service fingerprints: the upload decoded and fitted, via a lossless PNG."""
     data = encode_image(image, "PNG", compress_level=0)  # stored, not deflated: faster
-    return imaging.fit(imaging.decode_upload(data, max_pixels=10**8, size=size), size)
+    return decoding.fit(decoding.decode_upload(data, decoding.DecodeLimits(max_pixels=10**8), size=size), size)
 
 
 def jpeg_copy(image: Image.Image, quality: int) -> Image.Image:
@@ -245,7 +259,7 @@ def test_no_locally_edited_copy_gets_the_originals_result():
     than re-encoding changes it. Saved losslessly, those miss because the rest of the
     copy is bit-identical (``Fingerprint.edited_losslessly``); saved as JPEG, because
     re-encoding the original with the copy's tables reproduces the copy exactly except
-    there (``flask_animegan.jpeg_grid``). No re-encoded or resized copy is either.
+    there (``flask_animegan.cache.jpeg_grid``). No re-encoded or resized copy is either.
     """
     trials = privacy.edit_trials(privacy.PHOTOS, privacy.SIZES, seeds=[0],
                                  saved=("PNG", "JPEG"))
@@ -320,7 +334,7 @@ def test_a_lossy_webp_shares_a_result_only_with_identical_pixels():
 def upload_as(image: Image.Image, fmt: str, size: int, **params) -> Image.Image:
     """``image`` saved as ``fmt``, then decoded and fitted as the service does."""
     data = encode_image(image, fmt, **params)
-    return imaging.decode_upload(data, max_pixels=10**8, size=size)
+    return decoding.decode_upload(data, decoding.DecodeLimits(max_pixels=10**8), size=size)
 
 
 def send_each(client, files: dict[str, bytes], multipart: bool) -> dict[str, tuple[str, bytes]]:
@@ -417,7 +431,7 @@ def test_a_resized_upload_over_the_keeping_limits_shares_only_identical_pixels(m
     cache = make_cache()
 
     def fingerprint(data: bytes):
-        return cache.fingerprint(imaging.decode_upload(data, max_pixels=10**8, size=256), data)
+        return cache.fingerprint(decoding.decode_upload(data, decoding.DecodeLimits(max_pixels=10**8), size=256), data)
 
     first = fingerprint(original)
     assert first.strict and first.upload == b""

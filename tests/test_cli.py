@@ -14,11 +14,15 @@ import numpy as np
 import pytest
 import torch
 from click.testing import Result
+from conftest import open_image, photo, photo_bytes
 from flask import Flask
 
 from flask_animegan import load_generator
-from flask_animegan.catalog import NONCOMMERCIAL, OFFICIAL_STYLES, SHIPPED_STYLES
-from conftest import open_image, photo, photo_bytes
+from flask_animegan.runtime.catalog import (
+    NONCOMMERCIAL,
+    OFFICIAL_STYLES,
+    SHIPPED_STYLES,
+)
 
 SIZE = 64
 FOLDER_PHOTOS = ("chelsea", "coffee", "astronaut")
@@ -285,7 +289,7 @@ def test_export_of_an_unknown_style_fails_cleanly(app: Flask, tmp_path: Path) ->
 def test_bench_outside_a_source_checkout_explains(app: Flask, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("flask_animegan.cli._bench_root", lambda: None)
+    monkeypatch.setattr("flask_animegan.web.cli._bench_root", lambda: None)
     result = invoke(app, "bench", "--quick")
     assert result.exit_code != 0
     assert "source repository's bench/ folder" in result.output

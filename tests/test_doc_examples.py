@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, open_image, photo, photo_bytes
 from servers import Server
 

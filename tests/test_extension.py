@@ -6,12 +6,12 @@ import io
 import logging
 
 import pytest
+from conftest import photo, photo_bytes
 from flask import Flask, current_app
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from PIL import Image
 
-from conftest import photo, photo_bytes
 from flask_animegan import AnimeGAN, Generator, get_service
 
 
@@ -149,7 +149,7 @@ def test_one_limiter_whatever_the_order_and_healthz_is_never_limited(models_dir,
         assert client.get("/animegan/").status_code == 200
     assert client.get("/animegan/healthz").status_code == 200
     # our view functions are the blueprint's own, not wrapped by a limiter
-    from flask_animegan import views
+    from flask_animegan.web import views
 
     assert app.view_functions["animegan.convert"] is views.convert
 

@@ -1,6 +1,6 @@
 """The generator is parameter-for-parameter compatible with the public PyTorch port.
 
-The oracle here is independent of flask_animegan.generator: it lists the upstream
+The oracle here is independent of flask_animegan.runtime.generator: it lists the upstream
 architecture (bryandlee/animegan2-pytorch ``model.py``) layer by layer, builds a
 state dict with upstream's key names from that list, and computes the forward
 pass with plain ``torch.nn.functional`` calls.
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from flask_animegan import Generator, load_generator
-from flask_animegan.generator import PARAMETER_COUNT
-from flask_animegan.weights import WeightsError
+from flask_animegan.runtime.generator import PARAMETER_COUNT
+from flask_animegan.runtime.weights import WeightsError
 
 # (key prefix, in channels, out channels, kernel, stride) of each ConvNormLReLU,
 # and "irb" entries for InvertedResBlock(in, out, expansion 2).

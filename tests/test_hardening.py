@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import open_image, photo, photo_bytes, save_random_generator
 from PIL import Image
 
-from conftest import open_image, photo, photo_bytes, save_random_generator
-from flask_animegan.decoders import Decoder, DecodeGate
-from flask_animegan.decoding import DecodeLimits, count_jpeg_scans
 from flask_animegan.errors import ImageTooLarge, Overloaded
-from flask_animegan.generator import Generator
+from flask_animegan.inputs.decoding import DecodeLimits, count_jpeg_scans
+from flask_animegan.inputs.isolation import DecodeGate, Decoder
+from flask_animegan.runtime.generator import Generator
 
 
 def convert(client, data: bytes, query: str = "", **kwargs):
@@ -87,7 +87,7 @@ def test_a_decode_past_its_time_budget_is_killed_and_the_helper_replaced():
 def test_a_decode_past_its_memory_budget_fails_in_the_helper_not_the_server():
     from dataclasses import asdict
 
-    from flask_animegan.decoders import HelperPool
+    from flask_animegan.inputs.isolation import HelperPool
 
     big = photo_bytes_of(Image.effect_noise((3000, 3000), 64).convert("RGB"), "PNG")
     pool = HelperPool()

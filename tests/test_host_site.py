@@ -15,15 +15,26 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import need, open_image, photo_bytes
 from flask import Flask
-from werkzeug.serving import make_server
-
-from conftest import REPO, need, open_image, photo_bytes
 from host_site import create_app
+
 # the browser fixtures, shared with the upload page's own browser tests
-from test_browser import (CHROMEDRIVER, CHROMIUM, astronaut_file, browser,  # noqa: F401
-                          by_id, choose_size, coffee_file, natural_size, not_a_photo,
-                          save_screenshot, shipped_toon_demo, wait_for)
+from test_browser import (  # noqa: F401
+    CHROMEDRIVER,
+    CHROMIUM,
+    astronaut_file,
+    browser,
+    by_id,
+    choose_size,
+    coffee_file,
+    natural_size,
+    not_a_photo,
+    save_screenshot,
+    shipped_toon_demo,
+    wait_for,
+)
+from werkzeug.serving import make_server
 
 REFUSED = ("The form has expired or was sent from another site: reload the page and send "
            "the photo again.")
@@ -126,7 +137,7 @@ def test_the_form_stays_checked_where_the_site_relaxed_flask_wtf(site):
     assert upload(client, our_token(client.get("/studio/").get_data(as_text=True))
                   ).status_code == 303
     # a site that followed the old advice: the blueprint exempted, ANIMEGAN_CSRF off
-    from flask_animegan.views import blueprint
+    from flask_animegan.web.views import blueprint
 
     app = site(ANIMEGAN_CSRF=False)
     app.extensions["site"]["csrf"].exempt(blueprint)

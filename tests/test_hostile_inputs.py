@@ -6,11 +6,10 @@ import io
 import resource
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from conftest import open_image, photo_bytes
 from hostile_corpus import corpus
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 CASES = corpus()
 

@@ -6,20 +6,19 @@ import io
 
 import numpy as np
 import pytest
-import torch
+from conftest import encode_image, open_image, photo, photo_bytes
 from PIL import Image, ImageCms
 
-from conftest import encode_image, open_image, photo, photo_bytes
-from flask_animegan import imaging
-from flask_animegan.engine import InferenceEngine
 from flask_animegan.errors import BadImage, ImageTooLarge, UnsupportedImage
+from flask_animegan.inputs import decoding
+from flask_animegan.runtime.engine import InferenceEngine
 
 BIG = 10**8
 
 
 def decode(data: bytes, size: int = 512, **kwargs) -> Image.Image:
-    return imaging.decode_upload(data, max_pixels=kwargs.pop("max_pixels", BIG), size=size,
-                                 **kwargs)
+    limits = decoding.DecodeLimits(max_pixels=kwargs.pop("max_pixels", BIG))
+    return decoding.decode_upload(data, limits, size=size, **kwargs)
 
 
 def quadrants(width: int = 80, height: int = 60) -> Image.Image:
@@ -175,9 +174,9 @@ def test_images_over_the_pixel_limit_are_refused_before_decoding(side):
 
 def test_big_jpegs_are_decoded_at_reduced_scale():
     big = photo("astronaut").resize((2048, 2048))
-    decoded = imaging.decode_upload(encode_image(big, "JPEG"), max_pixels=BIG, size=512)
+    decoded = decoding.decode_upload(encode_image(big, "JPEG"), max_pixels=BIG, size=512)
     assert decoded.size == (512, 512)  # DCT scaling 1/4, not a full 2048 decode
-    square = imaging.decode_upload(encode_image(big.resize((2048, 1024)), "JPEG"),
+    square = decoding.decode_upload(encode_image(big.resize((2048, 1024)), "JPEG"),
                                    max_pixels=BIG, size=512, square=True)
     assert min(square.size) >= 512  # the centre square must still cover the size
 
@@ -187,7 +186,7 @@ def test_big_jpegs_are_decoded_at_reduced_scale():
     ((1, 4000), 512, (1, 512)), ((4000, 1), 512, (512, 1)), ((1, 1), 512, (1, 1)),
 ])
 def test_output_size_rule(size_in, size, expected):
-    assert imaging.output_size(*size_in, size) == expected
+    assert decoding.output_size(*size_in, size) == expected
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 300), (300, 1), (7, 9), (16, 15)])
@@ -196,12 +195,3 @@ def test_images_smaller_than_the_network_needs_still_convert(app, shape):
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (*shape, 3), np.uint8))
     result = engine.run(image)
     assert result.size == image.size and result.mode == "RGB"
-
-
-def test_tensor_round_trip_is_exact():
-    image = photo("astronaut").resize((37, 23))
-    tensor = imaging.to_tensor(image)
-    assert tensor.shape == (1, 3, 23, 37) and tensor.min() >= -1 and tensor.max() <= 1
-    assert np.array_equal(np.asarray(imaging.to_image(tensor)), np.asarray(image))
-    clipped = imaging.to_image(torch.full((1, 3, 2, 2), 5.0))
-    assert clipped.getpixel((0, 0)) == (255, 255, 255)

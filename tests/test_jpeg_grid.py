@@ -8,15 +8,27 @@ import time
 
 import numpy as np
 import pytest
+from conftest import PHOTOS, encode_image, photo
 from PIL import Image, ImageCms, ImageFilter, PngImagePlugin
 
-from conftest import PHOTOS, encode_image, photo
-from flask_animegan import imaging
-from flask_animegan.decoders import Decoder
-from flask_animegan.decoding import DecodeLimits, count_jpeg_scans, without_metadata
-from flask_animegan.jpeg_grid import (INFO_KEY, LOSSY_KEY, UPLOAD_MAX_BYTES,
-                                      JpegGrid, grid_of, is_lossy_webp, keepable_upload,
-                                      same_source, same_upload)
+from flask_animegan.cache.jpeg_grid import (
+    INFO_KEY,
+    LOSSY_KEY,
+    UPLOAD_MAX_BYTES,
+    JpegGrid,
+    grid_of,
+    is_lossy_webp,
+    keepable_upload,
+    same_source,
+    same_upload,
+)
+from flask_animegan.inputs import decoding
+from flask_animegan.inputs.decoding import (
+    DecodeLimits,
+    count_jpeg_scans,
+    without_metadata,
+)
+from flask_animegan.inputs.isolation import Decoder
 
 SIDE = 256
 
@@ -24,11 +36,11 @@ SIDE = 256
 def fitted_photo(name: str, size: int = SIDE) -> Image.Image:
     """The photo as the service would fit it, via a lossless file."""
     data = encode_image(photo(name), "PNG", compress_level=0)
-    return imaging.decode_upload(data, max_pixels=10**8, size=size)
+    return decoding.decode_upload(data, decoding.DecodeLimits(max_pixels=10**8), size=size)
 
 
 def decoded(data: bytes, size: int = SIDE, square: bool = False) -> Image.Image:
-    return imaging.decode_upload(data, max_pixels=10**8, size=size, square=square)
+    return decoding.decode_upload(data, decoding.DecodeLimits(max_pixels=10**8), size=size, square=square)
 
 
 def faint_blur(image: Image.Image, box: tuple[int, int, int, int]) -> Image.Image:
@@ -272,7 +284,7 @@ def test_whole_size_checks_run_one_at_a_time_and_a_long_wait_is_a_miss(monkeypat
     """Each holds up to about 130 MiB, so a process runs one at a time; a check that
     cannot start within the wait says "differ" (a miss), never "no verdict" (which would
     leave a faint edit to the statistics)."""
-    from flask_animegan import jpeg_grid
+    from flask_animegan.cache import jpeg_grid
 
     jpeg = encode_image(photo("rocket"), "JPEG", quality=90)
     resaved = encode_image(Image.open(io.BytesIO(jpeg)).convert("RGB"), "JPEG", quality=75)

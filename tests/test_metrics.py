@@ -8,9 +8,8 @@ import time
 
 import pytest
 import requests
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import photo_bytes
+from prometheus_client.parser import text_string_to_metric_families
 from servers import Server
 
 

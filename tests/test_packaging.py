@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, need
-from flask_animegan.styles import SHIPPED_STYLES_DIR
+
+from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
 
 SHIPPED_FILES = ("toon_demo.pt", "toon_demo.json", "LICENSE", "README.md",
                  "toon_demo_samples.jpg")
@@ -176,7 +176,7 @@ import io, sys
 from PIL import Image
 import flask_animegan
 from flask_animegan.config import Settings, from_environ
-from flask_animegan.decoding import DecodeLimits, decode_upload
+from flask_animegan.inputs.decoding import DecodeLimits, decode_upload
 
 Settings.from_config({})
 assert from_environ({"ANIMEGAN_MAX_SIDE": "384"}) == {"ANIMEGAN_MAX_SIDE": 384}

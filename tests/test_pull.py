@@ -22,13 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import Result
+from conftest import free_port, need, save_random_generator
 from flask import Flask
 
 from flask_animegan import Generator, load_generator
-from flask_animegan.catalog import NONCOMMERCIAL, OFFICIAL_STYLES
-from flask_animegan.weights import file_git_blob_sha1, git_blob_sha1
-
-from conftest import free_port, need, save_random_generator
+from flask_animegan.runtime.catalog import NONCOMMERCIAL, OFFICIAL_STYLES
+from flask_animegan.runtime.weights import file_git_blob_sha1, git_blob_sha1
 
 EXTRA_LICENCE = "CC-BY-4.0 (test weights made by the suite)"
 

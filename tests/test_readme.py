@@ -10,8 +10,8 @@ from pathlib import Path
 
 from flask import Flask
 
-from flask_animegan.catalog import OFFICIAL_STYLES
 from flask_animegan.config import SETTINGS
+from flask_animegan.runtime.catalog import OFFICIAL_STYLES
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")

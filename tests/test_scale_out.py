@@ -30,11 +30,10 @@ from pathlib import Path
 import pytest
 import redis
 import requests
-from requests.adapters import HTTPAdapter
-
 from conftest import REPO, free_port, need, photo_bytes
 from nginx_server import NginxServer
 from redis_server import REDIS_SERVER, RedisServer
+from requests.adapters import HTTPAdapter
 from servers import Server, Trickle, child_pids
 
 pytestmark = pytest.mark.server

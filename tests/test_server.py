@@ -8,7 +8,6 @@ import re
 
 import pytest
 import requests
-
 from conftest import open_image, photo_bytes
 from servers import Server
 

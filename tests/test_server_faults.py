@@ -11,7 +11,6 @@ import time
 
 import pytest
 import requests
-
 from conftest import photo_bytes
 from servers import Server
 

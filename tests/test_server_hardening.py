@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+from conftest import encode_image, photo_bytes
 from gunicorn.ctl.client import ControlClient
 from PIL import Image
-
-from conftest import encode_image, photo_bytes
 from servers import Server, Trickle, child_pids, proc_status_kib
 from upload_variants import gif_huge_screen, jpeg_scan_bomb, png_strip
 

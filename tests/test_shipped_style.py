@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import requests
 import torch
-from PIL import Image
-
 from conftest import open_image, photo, photo_bytes, save_random_generator
-from flask_animegan import imaging, load_generator
-from flask_animegan.config import Settings
-from flask_animegan.engine import InferenceEngine
-from flask_animegan.precision import native_bf16
-from flask_animegan.styles import SHIPPED_STYLES_DIR
+from PIL import Image
 from servers import Server
+
+from flask_animegan import load_generator
+from flask_animegan.config import Settings
+from flask_animegan.inputs import decoding
+from flask_animegan.runtime.engine import InferenceEngine
+from flask_animegan.runtime.precision import native_bf16
+from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
 
 SHIPPED = SHIPPED_STYLES_DIR / "toon_demo.pt"
 
@@ -40,7 +41,7 @@ def test_the_shipped_file_is_a_half_precision_state_dict_that_loads_strictly():
 @pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bf16")
 @pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea", "rocket"])
 def test_bf16_stays_within_40_db_of_fp32_on_real_photos(name):
-    image = imaging.fit(photo(name), 512)
+    image = decoding.fit(photo(name), 512)
     outputs = {}
     for precision in ("fp32", "bf16"):
         engine = InferenceEngine.from_settings(

@@ -13,18 +13,29 @@ import time
 import numpy as np
 import pytest
 import redis
+from conftest import encode_image, photo, pixelated
 from PIL import Image
 
-from conftest import encode_image, photo, pixelated
-from flask_animegan import imaging
-from flask_animegan.cache import (CachedResult, IndexMember, NearDuplicateCache, ResultStore,
-                                  StoredResult, decode_entry, decode_member, encode_entry,
-                                  decode_source, encode_member, encode_source, kept_upload)
-from flask_animegan.decoding import without_metadata
+from flask_animegan.cache.near_duplicate import (
+    CachedResult,
+    IndexMember,
+    NearDuplicateCache,
+    ResultStore,
+    StoredResult,
+    decode_entry,
+    decode_member,
+    decode_source,
+    encode_entry,
+    encode_member,
+    encode_source,
+    kept_upload,
+)
+from flask_animegan.cache.storage import MemoryStorage, open_storage
+from flask_animegan.cache.storage.memory import ITEM_OVERHEAD
+from flask_animegan.cache.storage.redis import RedisStorage
 from flask_animegan.errors import ImageTooLarge
-from flask_animegan.storage import MemoryStorage, open_storage
-from flask_animegan.storage.memory import ITEM_OVERHEAD
-from flask_animegan.storage.redis import RedisStorage
+from flask_animegan.inputs import decoding
+from flask_animegan.inputs.decoding import without_metadata
 
 PREFIX = "animegan:test:"
 SIDE = 256
@@ -41,7 +52,7 @@ def uri(request) -> str:
 def fitted(image: Image.Image, fmt: str = "PNG", **params) -> Image.Image:
     """What the service fingerprints: the upload as sent, decoded and fitted to SIDE."""
     data = encode_image(image, fmt, **params)
-    return imaging.fit(imaging.decode_upload(data, max_pixels=10**8, size=SIDE), SIDE)
+    return decoding.fit(decoding.decode_upload(data, decoding.DecodeLimits(max_pixels=10**8), size=SIDE), SIDE)
 
 
 @pytest.fixture(scope="module")
@@ -438,7 +449,7 @@ def test_open_storage_chooses_by_scheme():
 
 def test_a_redis_uri_without_redis_py_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "redis", None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, "flask_animegan.storage.redis")
+    monkeypatch.delitem(sys.modules, "flask_animegan.cache.storage.redis")
     with pytest.raises(ImportError, match=r"pip install 'flask-animegan\[redis\]'"):
         open_storage("redis://localhost:6379/0", max_bytes=0, prefix="x:")
     assert isinstance(open_storage("memory://", max_bytes=10, prefix="x:"), MemoryStorage)
@@ -458,7 +469,7 @@ def test_a_member_round_trips_exactly(astronaut):
 
 def test_an_entry_round_trips_with_its_kept_input_and_a_cut_one_never_raises(astronaut):
     """An entry: its result, then the kept input (grid flag, grid, lossless WebP)."""
-    jpeg = imaging.decode_upload(encode_image(astronaut["original"], "JPEG", quality=90),
+    jpeg = decoding.decode_upload(encode_image(astronaut["original"], "JPEG", quality=90),
                                  max_pixels=10**8, size=SIDE)
     for image in (astronaut["original"], jpeg):
         fingerprint = NearDuplicateCache(MemoryStorage(1), ttl=1).fingerprint(image)
@@ -478,7 +489,7 @@ def test_an_entry_keeps_a_small_shrunk_upload_whole_and_a_cut_one_never_raises()
     and small enough is kept whole before the kept input; one the output fits is not."""
     photo_file = encode_image(photo("rocket"), "JPEG", quality=90)  # 640 px
     cache = NearDuplicateCache(MemoryStorage(1), ttl=1)
-    shrunk = imaging.decode_upload(photo_file, max_pixels=10**8, size=SIDE)
+    shrunk = decoding.decode_upload(photo_file, decoding.DecodeLimits(max_pixels=10**8), size=SIDE)
     fingerprint = cache.fingerprint(shrunk, photo_file)
     assert fingerprint.upload == without_metadata(photo_file) and fingerprint.jpeg is None
     source = encode_source(fingerprint.source, None, upload=fingerprint.upload)
@@ -490,7 +501,7 @@ def test_an_entry_keeps_a_small_shrunk_upload_whole_and_a_cut_one_never_raises()
         found = decode_entry(blob[:end])
         assert found is None or found.same_source(fingerprint) in (None, True, False)
     small = encode_image(photo("rocket").resize((SIDE, 171)), "JPEG", quality=90)
-    exact = imaging.decode_upload(small, max_pixels=10**8, size=SIDE)
+    exact = decoding.decode_upload(small, decoding.DecodeLimits(max_pixels=10**8), size=SIDE)
     assert cache.fingerprint(exact, small).upload == b""  # the fitted check covers it
     assert cache.fingerprint(shrunk, b"not an image").upload == b""
     exif = Image.Exif()

@@ -18,10 +18,10 @@ from conftest import REPO, open_image
 from PIL import Image
 from skimage import color, filters
 
-from flask_animegan import imaging
+from flask_animegan.inputs import decoding
+from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
+from flask_animegan.runtime.weights import load_generator
 from flask_animegan.service import SAMPLE_PHOTO
-from flask_animegan.styles import SHIPPED_STYLES_DIR
-from flask_animegan.weights import load_generator
 
 sys.path.insert(0, str(REPO))
 from tools import toon_style  # noqa: E402
@@ -119,7 +119,7 @@ def test_the_style_pickers_sample_is_recognisable_at_128_px(make_app):
     sample.resize((sample.width * 3, sample.height * 3), Image.Resampling.NEAREST).save(
         ARTIFACTS / "toon_demo_sample_128px_x3.png")
     with Image.open(SAMPLE_PHOTO) as photo:
-        source = np.asarray(imaging.fit(photo.convert("RGB"), 128), np.float32) / 255
+        source = np.asarray(decoding.fit(photo.convert("RGB"), 128), np.float32) / 255
     assert sample.size == (source.shape[1], source.shape[0])
     styled = np.asarray(sample, np.float32) / 255
     ratio = toon_style.edge_energy(styled) / toon_style.edge_energy(source)

@@ -13,6 +13,7 @@ import sys
 import typing
 
 from conftest import REPO
+
 from flask_animegan.config import AnimeGANOptions, Settings
 
 

@@ -14,13 +14,24 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
+from conftest import encode_image, open_image, photo_bytes
 from flask import Flask, got_request_exception
 from PIL import Image
-
-from conftest import encode_image, open_image, photo_bytes
-from upload_variants import (GROUPS, TRANSPORTS, Variant, base_file, contract_violation,
-                             float_tiff, jpeg_scan_bomb, png_strip, post, sixteen_bit_gray,
-                             small_photo, specials, variants)
+from upload_variants import (
+    GROUPS,
+    TRANSPORTS,
+    Variant,
+    base_file,
+    contract_violation,
+    float_tiff,
+    jpeg_scan_bomb,
+    png_strip,
+    post,
+    sixteen_bit_gray,
+    small_photo,
+    specials,
+    variants,
+)
 
 MAX_SIDE = 64
 #: Output size asked for the prefixes and bit flips: hundreds of them decode to an image,

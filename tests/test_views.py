@@ -9,7 +9,6 @@ import threading
 
 import pytest
 import torch
-
 from conftest import encode_image, open_image, photo, photo_bytes, save_random_generator
 
 

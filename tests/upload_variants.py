@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from PIL import Image, PngImagePlugin
-
 from conftest import photo
+from PIL import Image, PngImagePlugin
 
 #: Side lengths of the base photo: small enough that decoding and converting are cheap.
 BASE_SIZE = (96, 64)

@@ -178,10 +178,10 @@ def load_photo(name: str) -> np.ndarray:
 
 def fitted(name: str, side: int) -> np.ndarray:
     """The held-out photo as the app would see it at ``side`` (float32 in [0, 1])."""
-    from flask_animegan import imaging
+    from flask_animegan.inputs import decoding
 
     image = Image.fromarray((load_photo(name) * 255).round().astype(np.uint8))
-    return np.asarray(imaging.fit(image, side), np.float32) / 255
+    return np.asarray(decoding.fit(image, side), np.float32) / 255
 
 
 def short_name(name: str) -> str:
@@ -202,12 +202,13 @@ def saturation(rgb: np.ndarray) -> float:
 
 def stylise(model: torch.nn.Module, rgb: np.ndarray) -> np.ndarray:
     """The student's output for ``rgb`` (float32 in [0, 1]), through the app's own conversions."""
-    from flask_animegan import imaging
+    from flask_animegan.runtime.backends import to_pixels
+    from flask_animegan.runtime.backends.torch import TorchRunner
 
-    image = Image.fromarray((rgb * 255).round().astype(np.uint8))
-    with torch.inference_mode():
-        output = imaging.to_image(model(imaging.to_tensor(image)))
-    return np.asarray(output, np.float32) / 255
+    pixels = (rgb * 255).round().astype(np.uint8)
+    output = to_pixels(TorchRunner(model, "fp32")(pixels))
+    assert output is not None, "the network gave NaN or infinities"
+    return output.astype(np.float32) / 255
 
 
 def figures(model: torch.nn.Module, photos=HELD_OUT, sides=SIDES) -> dict:
@@ -273,8 +274,8 @@ def card_table(figures: dict) -> str:
 def main() -> None:
     import argparse
 
-    from flask_animegan.styles import SHIPPED_STYLES_DIR
-    from flask_animegan.weights import load_generator
+    from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
+    from flask_animegan.runtime.weights import load_generator
 
     parser = argparse.ArgumentParser(
         description="The model card's figures (edge energy, saturation, PSNR against the "

@@ -2,7 +2,7 @@
 
 The official AnimeGANv2 weights cannot be downloaded on offline machines, so the
 project ships this small, honest stand-in: the same network the app serves
-(flask_animegan.generator.Generator, 2,143,552 parameters), trained to imitate a
+(flask_animegan.runtime.generator.Generator, 2,143,552 parameters), trained to imitate a
 non-neural "teacher" filter (``tools/toon_style.py``): mild total-variation flattening,
 CIELAB lightness in soft bands with a chroma lift, and XDoG contour lines whose width
 scales with the picture, anti-aliased by a slight final softening.
@@ -45,9 +45,9 @@ from skimage import color
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from flask_animegan.generator import Generator  # noqa: E402
-from flask_animegan.styles import SHIPPED_STYLES_DIR  # noqa: E402
-from flask_animegan.weights import load_generator  # noqa: E402
+from flask_animegan.runtime.generator import Generator  # noqa: E402
+from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR  # noqa: E402
+from flask_animegan.runtime.weights import load_generator  # noqa: E402
 from tools import toon_style  # noqa: E402
 from tools.toon_style import HELD_OUT, load_photo, teacher_and_lines  # noqa: E402
 

@@ -31,12 +31,11 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
+from conftest import save_random_generator  # noqa: E402
 from flask import Flask, got_request_exception  # noqa: E402
+from upload_variants import GROUPS, TRANSPORTS, contract_violation, post, variants  # noqa: E402
 
 import flask_animegan  # noqa: E402
-from conftest import save_random_generator  # noqa: E402
-from upload_variants import (GROUPS, TRANSPORTS, contract_violation, post,  # noqa: E402
-                             variants)
 
 MAX_SIDE = 64
 #: As in tests/test_upload_classes.py: prefixes and bit flips are converted at 16 px.

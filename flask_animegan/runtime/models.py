@@ -13,9 +13,9 @@ from typing import Protocol
 from cachetools import LRUCache
 from torch import nn
 
+from ..errors import StyleUnavailable
 from .backends import Runner
 from .catalog import StyleInfo
-from .errors import StyleUnavailable
 from .weights import WeightsError
 
 log = logging.getLogger("flask_animegan")

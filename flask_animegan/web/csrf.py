@@ -31,7 +31,7 @@ from typing import Any
 
 from flask import current_app, g, request, session
 
-from .errors import ConversionError
+from ..errors import ConversionError
 
 SESSION_KEY = "animegan_csrf"
 FIELD = "csrf_token"

@@ -32,8 +32,14 @@ from typing import cast
 import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
-from .errors import BadImage, ImageTooLarge, UnsupportedImage
-from .jpeg_grid import INFO_KEY, LOSSY_KEY, PNG_SIGNATURE, JpegGrid, is_lossy_webp
+from ..cache.jpeg_grid import (
+    INFO_KEY,
+    LOSSY_KEY,
+    PNG_SIGNATURE,
+    JpegGrid,
+    is_lossy_webp,
+)
+from ..errors import BadImage, ImageTooLarge, UnsupportedImage
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")

@@ -13,11 +13,11 @@ import click
 import torch
 from flask import current_app
 
-from .download import DownloadError, pull_style
-from .errors import ConversionError
-from .service import get_service
+from ..errors import ConversionError
+from ..runtime.download import DownloadError, pull_style
+from ..runtime.weights import WeightsError, load_generator
+from ..service import get_service
 from .views import blueprint
-from .weights import WeightsError, load_generator
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 cli = blueprint.cli
@@ -229,7 +229,7 @@ def export_command(name: str, target: Path) -> None:
 
 def _bench_root() -> Path | None:
     """The source checkout holding bench/ (the benchmark is not part of the package)."""
-    for root in (Path.cwd(), Path(__file__).resolve().parent.parent):
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
         if (root / "bench" / "__main__.py").is_file():
             return root
     return None

@@ -6,28 +6,40 @@ import json
 import logging
 import time
 import weakref
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from flask import (Blueprint, Response, abort, current_app, jsonify, make_response, redirect,
-                   render_template, request, url_for)
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    current_app,
+    jsonify,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
 from flask_limiter.errors import RateLimitExceeded
 from jinja2 import Environment, Template
 from markupsafe import escape
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from werkzeug.wrappers import Response as BaseResponse
 
+from ..cache.near_duplicate import StoredResult
+from ..config import DEFAULTS, OUTPUT_FORMATS
+from ..errors import BadImage, ConversionError, UnsupportedImage
+from ..inputs.formats import encode
+from ..pipeline import Conversion, describe_timings
+from ..service import get_service
 from . import csrf
-from .cache import StoredResult
 from .clients import client_key, is_loopback
-from .config import DEFAULTS, OUTPUT_FORMATS
-from .errors import BadImage, ConversionError, UnsupportedImage
-from .imaging import encode
-from .pipeline import Conversion, describe_timings
-from .service import get_service
 
-blueprint = Blueprint("animegan", __name__, template_folder="templates",
-                      static_folder="static", cli_group="animegan")
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+blueprint = Blueprint("animegan", __name__, template_folder=_PACKAGE_DIR / "templates",
+                      static_folder=_PACKAGE_DIR / "static", cli_group="animegan")
 
 #: Endpoints that answer JSON (errors included); the others render pages.
 API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz",

@@ -1,12 +1,12 @@
-"""A helper process that decodes uploads for :mod:`flask_animegan.decoders`.
+"""A helper process that decodes uploads for :mod:`flask_animegan.inputs.isolation`.
 
-Run as ``python -m flask_animegan.decode_worker``; it imports Pillow and NumPy only.
+Run as ``python -m flask_animegan.inputs.helper``; it imports Pillow and NumPy only.
 It reads requests from stdin and writes answers to stdout, one at a time:
 
 * request: ``>II`` (header length, data length), a JSON header
   (``size``, ``square``, ``limits``, ``memory``), then the file's bytes;
 * answer: ``>II`` (header length, payload length), a JSON header (``ok``, ``width``,
-  ``height``, ``jpeg`` (the :class:`~flask_animegan.jpeg_grid.JpegGrid` or null) and
+  ``height``, ``jpeg`` (the :class:`~flask_animegan.cache.jpeg_grid.JpegGrid` or null) and
   ``lossy_webp``, or ``error`` and ``message``), then the RGB pixels of the fitted image.
 
 Each decode runs under an address-space limit of ``memory`` bytes above what the
@@ -25,10 +25,10 @@ import sys
 import warnings
 from typing import Any, BinaryIO
 
+from ..cache.jpeg_grid import LOSSY_KEY, grid_of
+from ..errors import BadImage, ConversionError, ImageTooLarge
+from ..process import configure_decoding
 from .decoding import DecodeLimits, decode_upload
-from .errors import BadImage, ConversionError, ImageTooLarge
-from .jpeg_grid import LOSSY_KEY, grid_of
-from .process import configure_decoding
 
 FRAME = struct.Struct(">II")
 

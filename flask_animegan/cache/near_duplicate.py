@@ -1,6 +1,6 @@
 """The near-duplicate result cache and the result pages' store, on a shared Storage.
 
-Both live in a :mod:`flask_animegan.storage` backend: each in its own in-process
+Both live in a :mod:`flask_animegan.cache.storage` backend: each in its own in-process
 ``MemoryStorage`` (bounded by ANIMEGAN_CACHE_MAX_BYTES and ANIMEGAN_RESULT_MAX_BYTES),
 or in Redis, shared by every instance and bounded by the server's ``maxmemory`` with
 ``maxmemory-policy allkeys-lru``. No client can make Redis grow without bound: each
@@ -60,10 +60,16 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
-from .decoding import ACCEPTED_FORMATS, without_metadata
-from .errors import ImageTooLarge
-from .jpeg_grid import (LOSSY_KEY, JpegGrid, grid_of, keepable_upload, same_source,
-                        same_upload)
+from ..errors import ImageTooLarge
+from ..inputs.decoding import ACCEPTED_FORMATS, without_metadata
+from .jpeg_grid import (
+    LOSSY_KEY,
+    JpegGrid,
+    grid_of,
+    keepable_upload,
+    same_source,
+    same_upload,
+)
 from .storage import MemoryStorage, Storage
 from .storage.memory import ITEM_OVERHEAD
 
@@ -446,9 +452,9 @@ class CachedResult:
     def same_source(self, fingerprint: Fingerprint) -> bool | None:
         """Whether ``fingerprint``'s input and this entry's are one JPEG re-save apart
         (``True``), that but edited in some cells (``False``), or neither can tell
-        (``None``): see :mod:`flask_animegan.jpeg_grid`. When both kept their uploaded
+        (``None``): see :mod:`flask_animegan.cache.jpeg_grid`. When both kept their uploaded
         files (JPEG or PNG, resized by the service), those are compared at their own
-        resolution (:func:`flask_animegan.jpeg_grid.same_upload`). If either is strict (a
+        resolution (:func:`flask_animegan.cache.jpeg_grid.same_upload`). If either is strict (a
         lossy WebP, or a resized upload whose file was not kept), only identical fitted
         pixels are the same (``True``), anything else ``False``. Costs nothing unless one
         of them kept its file, is an exact JPEG decode or is strict."""
@@ -487,7 +493,7 @@ class NearDuplicateCache:
     it still matches), and the pair is not bit-identical outside some changed cells (a
     faint edit saved losslessly), and, when one input is an exact JPEG decode, the other
     re-encoded with its tables does not reproduce it in most cells but not all (a faint
-    edit saved as JPEG: :mod:`flask_animegan.jpeg_grid`, at the fitted size or, for
+    edit saved as JPEG: :mod:`flask_animegan.cache.jpeg_grid`, at the fitted size or, for
     uploads the service resized, at the files' own size); a lossy WebP, or a resized
     upload too large to keep whole, hits only identical pixels. Only the ``index_cap``
     newest entries of a namespace are

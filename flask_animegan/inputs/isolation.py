@@ -7,7 +7,7 @@ So every decode passes a :class:`DecodeGate`: at most ``slots`` at once per proc
 seconds; the rest get 503 with Retry-After, as the model's queue does.
 
 With ``ANIMEGAN_DECODE_ISOLATION = "process"`` (the default) the decode itself runs in
-a helper process (:mod:`flask_animegan.decode_worker`) with an address-space limit;
+a helper process (:mod:`flask_animegan.inputs.helper`) with an address-space limit;
 one that runs past ``ANIMEGAN_DECODE_TIMEOUT`` is killed, so a pathological file costs
 at most that many seconds of one core and never the server's memory. ``"thread"``
 decodes in the server process, with the same gate and header checks but no hard
@@ -33,12 +33,18 @@ from typing import Any
 
 from PIL import Image
 
+from ..cache.jpeg_grid import INFO_KEY, LOSSY_KEY, JpegGrid
+from ..config import Settings
+from ..errors import (
+    BadImage,
+    ConversionError,
+    ImageTooLarge,
+    Overloaded,
+    UnsupportedImage,
+)
 from . import decoding
-from .config import Settings
-from .decode_worker import FRAME
 from .decoding import DecodeLimits
-from .errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
-from .jpeg_grid import INFO_KEY, LOSSY_KEY, JpegGrid
+from .helper import FRAME
 
 ISOLATIONS = ("process", "thread")
 _ERRORS: dict[str, type[ConversionError]] = {
@@ -89,7 +95,7 @@ class _Helper:
     """One decode_worker process, owned by the process that started it."""
 
     def __init__(self) -> None:
-        package_parent = str(Path(__file__).resolve().parent.parent)
+        package_parent = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_parent,
                                                           env.get("PYTHONPATH"))))
@@ -97,7 +103,7 @@ class _Helper:
             env[var] = "1"
         self.owner = os.getpid()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "flask_animegan.decode_worker"],
+            [sys.executable, "-m", "flask_animegan.inputs.helper"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
 
     def request(self, header: dict[str, Any], data: bytes,

@@ -22,9 +22,9 @@ from flask import Flask, current_app, request
 from flask_limiter import ExemptionScope, Limiter
 from werkzeug.exceptions import HTTPException
 
+from ..config import Settings
 from . import csrf
 from .clients import client_address
-from .config import Settings
 from .views import blueprint
 
 log = logging.getLogger("flask_animegan")

@@ -20,13 +20,21 @@ import torch
 from PIL import Image
 from torch import nn
 
-from .backends import REFERENCE, Backend, Choice, Runner, default_cache_dir, open_backends
-from .backends import to_pixels, weights_digest
+from ..config import Settings
+from ..errors import Overloaded, StyleUnavailable, UnknownStyle
+from .backends import (
+    REFERENCE,
+    Backend,
+    Choice,
+    Runner,
+    default_cache_dir,
+    open_backends,
+    to_pixels,
+    weights_digest,
+)
 from .backends.fidelity import MIN_PSNR_DB, fidelity_db
 from .backends.torch import TorchRunner
 from .catalog import StyleInfo
-from .config import Settings
-from .errors import Overloaded, StyleUnavailable, UnknownStyle
 from .gate import InferenceGate
 from .models import LoadedStyle, ModelPool
 from .precision import DTYPES, fastest

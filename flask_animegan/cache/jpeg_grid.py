@@ -12,7 +12,7 @@ the pictures can tell from the noise JPEG adds, changes 4-27 of its 16x16 cells.
 So when at least half of the textured cells come out identical, the pair has one
 source, and any cell that differs was edited. When fewer do (another encoder, other
 tables, a resized copy), there is no verdict and the statistical checks of
-:mod:`flask_animegan.cache` decide alone.
+:mod:`flask_animegan.cache.near_duplicate` decide alone.
 
 A JPEG the service shrinks has no pixels of its own size in the fitted picture, and
 its coding noise, shrunk, is about as large as a faint blur of a flat region. So an
@@ -273,7 +273,10 @@ def same_upload(first: bytes, second: bytes) -> bool | None:
     (about 130 MiB at the pixel limit) is bounded whatever the number of threads; one
     that waits over :data:`WHOLE_SIZE_WAIT` for another says ``False`` (the caller misses:
     a cost under load, never a shared result that no check approved)."""
-    from .decoding import DecodeLimits, count_jpeg_scans  # decoding imports this module
+    from ..inputs.decoding import (  # decoding imports this module
+        DecodeLimits,
+        count_jpeg_scans,
+    )
 
     if first == second:
         return True

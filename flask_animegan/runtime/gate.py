@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Protocol
 
-from .errors import Overloaded
+from ..errors import Overloaded
 
 
 class QueueEvents(Protocol):

@@ -6,8 +6,8 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..errors import StyleUnavailable, UnknownStyle
 from .catalog import STYLE_NAME, StyleInfo, describe
-from .errors import StyleUnavailable, UnknownStyle
 from .weights import find_style_files, skipped_style_files
 
 log = logging.getLogger("flask_animegan")
@@ -19,7 +19,7 @@ PREFERRED_DEFAULTS = ("paprika", "face_paint_512_v2")
 
 #: Styles that ship inside the package (package data, with their model card and licence),
 #: served whatever the models folder; a file of the same name in the models folder wins.
-SHIPPED_STYLES_DIR = Path(__file__).resolve().parent / "shipped_styles"
+SHIPPED_STYLES_DIR = Path(__file__).resolve().parent.parent / "shipped_styles"
 
 
 class StyleRegistry:

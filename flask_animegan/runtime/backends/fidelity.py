@@ -19,7 +19,7 @@ from PIL import Image
 from . import Runner, to_pixels
 
 MIN_PSNR_DB = 40.0
-PHOTOS_DIR = Path(__file__).resolve().parent.parent / "static"
+PHOTOS_DIR = Path(__file__).resolve().parents[2] / "static"
 PHOTOS = ("sample-photo.jpg", "fidelity-coffee.jpg", "fidelity-chelsea.jpg")
 SIDE = 128
 
