@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from . import Runner, to_pixels
+from .base import Runner, to_pixels
 
 MIN_PSNR_DB = 40.0
 PHOTOS_DIR = Path(__file__).resolve().parents[2] / "static"

@@ -209,7 +209,7 @@ class OpenVINOBackend:
         return config
 
     def runner(self, network: nn.Module, precision: str, weights: Path) -> OpenVINORunner:
-        from . import weights_digest
+        from .base import weights_digest
 
         key = cache_key(weights, weights_digest(weights))
         memo = (key, precision, self.threads, str(self.cache_dir))
