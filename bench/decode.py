@@ -66,7 +66,7 @@ def hostile() -> dict[str, bytes]:
 def _time(decoder: Decoder, data: bytes, size: int) -> tuple[float, str]:
     started = time.perf_counter()
     try:
-        outcome = "x".join(map(str, decoder.decode(data, size=size).size))
+        outcome = "x".join(map(str, decoder.decode(data, size=size).image.size))
     except ConversionError as exc:
         outcome = f"{exc.status}"
     return (time.perf_counter() - started) * 1000, outcome

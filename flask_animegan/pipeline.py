@@ -69,7 +69,8 @@ class Pipeline:
         shared by everyone) reuses that result instead of running the network.
         """
         lap = _Laps()
-        fitted = self.decoder.decode(data, size=size, square=style.face)
+        decoded = self.decoder.decode(data, size=size, square=style.face)
+        fitted = decoded.image  # what the network sees
         lap("decode")
         namespace = (scope, style.name, size, fmt)
         encoded: bytes | None = None

@@ -68,7 +68,9 @@ def test_decoders_agree_on_real_photos(isolation):
     for name, fmt in (("astronaut", "JPEG"), ("coffee", "PNG"), ("chelsea", "WEBP")):
         data = photo_bytes(name, fmt)
         a, b = decoder.decode(data, size=96), reference.decode(data, size=96)
-        assert a.mode == "RGB" and a.size == b.size and a.tobytes() == b.tobytes()
+        assert (a.source_size, a.format) == (b.source_size, b.format)
+        assert a.image.mode == "RGB" and a.image.size == b.image.size
+        assert a.image.tobytes() == b.image.tobytes()
 
 
 def test_a_decode_past_its_time_budget_is_killed_and_the_helper_replaced():
@@ -81,7 +83,7 @@ def test_a_decode_past_its_time_budget_is_killed_and_the_helper_replaced():
         decoder.decode(slow, size=64)
     assert time.perf_counter() - started < 3
     assert decoder.pool.killed == killed + 1
-    assert decoder.decode(photo_bytes(), size=64).size == (64, 43)  # a fresh helper
+    assert decoder.decode(photo_bytes(), size=64).image.size == (64, 43)  # a fresh helper
 
 
 def test_a_decode_past_its_memory_budget_fails_in_the_helper_not_the_server():

@@ -23,7 +23,9 @@ def hostile_client(models_dir):
     app = Flask("hostile")
     app.config.update(ANIMEGAN_MODELS_DIR=str(models_dir), ANIMEGAN_WARMUP_SIZE=0,
                       ANIMEGAN_RATE_LIMIT="", ANIMEGAN_MAX_SIDE=64, ANIMEGAN_CACHE_TTL=0,
-                      ANIMEGAN_MAX_PIXELS=20_000_000)
+                      ANIMEGAN_MAX_PIXELS=20_000_000,
+                      # every hostile file goes through the helper processes
+                      ANIMEGAN_DECODE_ISOLATION="process")
     AnimeGAN(app)
     return app.test_client()
 
@@ -65,6 +67,8 @@ def test_the_service_keeps_working_after_the_corpus(hostile_client):
     response = hostile_client.post("/animegan/convert", data=photo_bytes("astronaut"),
                                    content_type="image/jpeg")
     assert response.status_code == 200
+    decoder = hostile_client.application.extensions["animegan"].decoder
+    assert decoder.isolation == "process" and decoder.pool.started >= 1  # the corpus went there
 
 
 @pytest.mark.parametrize("field,value", [

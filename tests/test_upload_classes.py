@@ -57,7 +57,9 @@ def storm(models_dir):
                       ANIMEGAN_RATE_LIMIT="", ANIMEGAN_MAX_SIDE=MAX_SIDE, ANIMEGAN_CACHE_TTL=0,
                       ANIMEGAN_SAMPLE_SIZE=0, ANIMEGAN_PRECISION="fp32",
                       # one thread converts a 64 px image fastest on a busy small machine
-                      ANIMEGAN_TORCH_THREADS=1)
+                      ANIMEGAN_TORCH_THREADS=1,
+                      # every hostile file goes through the helper processes
+                      ANIMEGAN_DECODE_ISOLATION="process")
     AnimeGAN(app)
     # a 500's traceback is recorded below and shown in the summary; thousands of logged
     # tracebacks would bury it
@@ -191,3 +193,5 @@ def test_a_normal_photo_converts_after_the_storm(storm):
     response = post(client, "form", base_file("jpeg"))
     assert response.status_code == 303
     assert client.get(response.headers["Location"]).status_code == 200
+    decoder = client.application.extensions["animegan"].decoder
+    assert decoder.isolation == "process" and decoder.pool.started >= 1  # the storm went there

@@ -1,8 +1,9 @@
 """Decoding an untrusted upload into a small, upright RGB image, within stated budgets.
 
-Everything here needs only Pillow and NumPy (never torch), because it also runs in
-the helper processes of :mod:`flask_animegan.decoder_pool`. The checks that cost
-nothing come first, from the file's header, before a pixel is decoded:
+:func:`decode_upload` returns a :class:`DecodedUpload`. Everything here needs only
+Pillow and NumPy (never torch nor Flask), because it also runs in the helper processes
+of :mod:`flask_animegan.inputs.helper`. The checks that cost nothing come first, from
+the file's header, before a pixel is decoded:
 
 * the format is one we accept (decided by content, not by name or Content-Type);
 * the area is within ``max_pixels`` and the aspect ratio within ``max_aspect``;
@@ -32,13 +33,6 @@ from typing import cast
 import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
-from ..cache.jpeg_grid import (
-    INFO_KEY,
-    LOSSY_KEY,
-    PNG_SIGNATURE,
-    JpegGrid,
-    is_lossy_webp,
-)
 from ..errors import BadImage, ImageTooLarge, UnsupportedImage
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
@@ -55,6 +49,18 @@ _RGB_BYTES = 4
 #: shared a result 31 times in 40 at 1x, 38 at 3x, 40 without reduction; decoding one
 #: takes 21, 31 and 66 ms at 256 px).
 DRAFT_MARGIN = 3
+
+
+@dataclass(frozen=True)
+class DecodedUpload:
+    """What a decode gives the rest of the service (and what a helper process sends back)."""
+
+    #: The upright RGB image fitted to the requested size: what the network sees.
+    image: Image.Image
+    #: The file's own width and height in pixels, after its EXIF orientation.
+    source_size: tuple[int, int]
+    #: The format found in the file's content: one of :data:`ACCEPTED_FORMATS`.
+    format: str
 
 
 @dataclass(frozen=True)
@@ -123,11 +129,12 @@ def count_jpeg_scans(data: bytes) -> int:
     return scans
 
 
-# -- the decode ------------------------------------------------------------------------
+# -- metadata (only the cache's kept uploads use this; it goes with them) -------------
 # Segments a file kept in the cache loses: APP1-APP13 and APP15 (EXIF with GPS, XMP,
 # ICC, IPTC...) and comments. APP0 (JFIF) and APP14 (Adobe: says whether the data is
 # YCbCr) stay, as do PNG's chunks that make the pixels.
 _JPEG_DROPPED = frozenset({*range(0xE1, 0xEE), 0xEF, 0xFE})
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_KEPT = frozenset({b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"})
 
 
@@ -136,8 +143,8 @@ def without_metadata(data: bytes) -> bytes:
     IPTC, comments, text chunks, nor anything after its end (a phone's appended video).
     The pixels decode identically. ``b""`` if ``data`` is neither or its structure is cut
     or malformed."""
-    if data.startswith(PNG_SIGNATURE):
-        kept, pos = [PNG_SIGNATURE], 8
+    if data.startswith(_PNG_SIGNATURE):
+        kept, pos = [_PNG_SIGNATURE], 8
         while pos + 12 <= len(data):
             (length,) = struct.unpack_from(">I", data, pos)
             kind, end = data[pos + 4:pos + 8], pos + 12 + length
@@ -179,6 +186,7 @@ def without_metadata(data: bytes) -> bytes:
     return b""
 
 
+# -- the decode ------------------------------------------------------------------------
 def open_upload(data: bytes, limits: DecodeLimits) -> Image.Image:
     """Open ``data`` lazily and check everything the header tells; no pixel is decoded."""
     if not data:
@@ -232,30 +240,24 @@ def _check_gif_frame(image: ImageFile.ImageFile) -> None:
 
 
 def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
-                  square: bool = False) -> Image.Image:
+                  square: bool = False) -> DecodedUpload:
     """Decode an upload into an upright RGB image fitted to ``size`` (see :func:`fit`).
 
     JPEGs are decoded with Pillow's ``draft`` at the smallest DCT scale that still gives
     :data:`DRAFT_MARGIN` times the output's size (a scale just above the output leaves
     block-grid aliasing that makes a 5 % resized copy of a 12-megapixel photo differ from
-    it, locally, like an edit; Lanczos removes it over a 3x reduction). A JPEG whose
-    pixels come out exactly as decoded (not scaled, cropped, turned or colour-converted)
-    carries its :class:`JpegGrid` in ``info[INFO_KEY]``, for the cache's exact re-save
-    check; a lossy WebP is marked with ``info[LOSSY_KEY]``. Raises BadImage (400),
-    ImageTooLarge (413) or UnsupportedImage (415) with a message fit for the person who
-    sent the file.
+    it, locally, like an edit; Lanczos removes it over a 3x reduction). Raises BadImage
+    (400), ImageTooLarge (413) or UnsupportedImage (415) with a message fit for the
+    person who sent the file.
     """
     image = open_upload(data, limits)
     fmt = image.format
     try:
         width, height = image.size
-        grid = None
         if fmt == "JPEG":
             scale = DRAFT_MARGIN * size / (min(width, height) if square else max(width, height))
             if scale < 1:
                 image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-            elif not image.info.get("icc_profile"):
-                grid = JpegGrid.of(image)
         needed = decode_bytes_needed(image.mode, *image.size)
         if needed > limits.max_bytes:
             raise ImageTooLarge(
@@ -264,14 +266,12 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
                 "pixels or 8 bits per channel)")
         orientation = _orientation(image)
         image.load()  # the first frame of an animation
-        image = fit(to_rgb(image), size, square=square, source_size=(width, height))
+        fitted = fit(to_rgb(image), size, square=square, source_size=(width, height))
         if orientation in _TRANSPOSE:
-            image = image.transpose(_TRANSPOSE[orientation])
-        elif grid is not None and image.size == (width, height):
-            image.info[INFO_KEY] = grid
-        if fmt == "WEBP" and is_lossy_webp(data):
-            image.info[LOSSY_KEY] = True
-        return image
+            fitted = fitted.transpose(_TRANSPOSE[orientation])
+        if orientation in _TURNS:
+            width, height = height, width
+        return DecodedUpload(fitted, (width, height), cast(str, fmt))
     except (ImageTooLarge, BadImage, UnsupportedImage):
         raise
     except MemoryError:
@@ -303,6 +303,7 @@ _TRANSPOSE = {
     6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
+_TURNS = frozenset({5, 6, 7, 8})  # the orientations that swap width and height
 
 
 def _orientation(image: Image.Image) -> int:

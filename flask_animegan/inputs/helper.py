@@ -5,9 +5,11 @@ It reads requests from stdin and writes answers to stdout, one at a time:
 
 * request: ``>II`` (header length, data length), a JSON header
   (``size``, ``square``, ``limits``, ``memory``), then the file's bytes;
-* answer: ``>II`` (header length, payload length), a JSON header (``ok``, ``width``,
-  ``height``, ``jpeg`` (the :class:`~flask_animegan.cache.jpeg_grid.JpegGrid` or null) and
-  ``lossy_webp``, or ``error`` and ``message``), then the RGB pixels of the fitted image.
+* answer: ``>II`` (header length, payload length), a JSON header, then the RGB pixels
+  of the fitted image. The header is ``ok: true``, the image's ``width`` and ``height``,
+  and every other field of :class:`~flask_animegan.inputs.decoding.DecodedUpload`
+  (:func:`answer_of` and :func:`upload_of` are the two ends); or ``ok: false`` with
+  ``error`` (the exception's class name) and ``message``.
 
 Each decode runs under an address-space limit of ``memory`` bytes above what the
 process already uses, so a file that needs more fails here, not in the server. The
@@ -23,14 +25,34 @@ import resource
 import struct
 import sys
 import warnings
+from dataclasses import fields
 from typing import Any, BinaryIO
 
-from ..cache.jpeg_grid import LOSSY_KEY, grid_of
+from PIL import Image
+
 from ..errors import BadImage, ConversionError, ImageTooLarge
 from ..process import configure_decoding
-from .decoding import DecodeLimits, decode_upload
+from .decoding import DecodedUpload, DecodeLimits, decode_upload
 
 FRAME = struct.Struct(">II")
+#: The fields of a DecodedUpload that travel in the JSON header (the image is the payload).
+_FIELDS = tuple(field.name for field in fields(DecodedUpload) if field.name != "image")
+
+
+def answer_of(decoded: DecodedUpload) -> tuple[dict[str, Any], bytes]:
+    """A successful decode as the helper sends it: the JSON header and the pixels."""
+    header = {"ok": True, "width": decoded.image.width, "height": decoded.image.height}
+    header.update({name: getattr(decoded, name) for name in _FIELDS})
+    return header, decoded.image.tobytes()
+
+
+def upload_of(header: dict[str, Any], pixels: bytes) -> DecodedUpload:
+    """The DecodedUpload a successful answer carries (JSON's lists become tuples again)."""
+    image = Image.frombytes("RGB", (int(header["width"]), int(header["height"])), pixels)
+    values: dict[str, Any] = {name: header[name] for name in _FIELDS}
+    values.update({name: tuple(value) for name, value in values.items()
+                   if isinstance(value, list)})
+    return DecodedUpload(image=image, **values)
 
 
 def read_exact(stream: BinaryIO, count: int) -> bytes | None:
@@ -69,9 +91,10 @@ def _decode(request: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes
                 # Pillow's complaints about hostile files ("Corrupt EXIF data", ...)
                 # would fill the server's log; the bomb warning stays an error.
                 warnings.simplefilter("ignore", UserWarning)
-                image = decode_upload(data, DecodeLimits(**request["limits"]),
-                                      size=int(request["size"]), square=bool(request["square"]))
-            pixels = image.tobytes()
+                decoded = decode_upload(data, DecodeLimits(**request["limits"]),
+                                        size=int(request["size"]),
+                                        square=bool(request["square"]))
+            answer = answer_of(decoded)
         finally:
             resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     except ConversionError as exc:
@@ -83,10 +106,7 @@ def _decode(request: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes
     except Exception as exc:  # noqa: BLE001 - never die on a file
         return {"ok": False, "error": BadImage.__name__,
                 "message": f"the file cannot be decoded ({exc.__class__.__name__})"}, b""
-    grid = grid_of(image)
-    return {"ok": True, "width": image.width, "height": image.height,
-            "jpeg": grid.to_json() if grid is not None else None,
-            "lossy_webp": bool(image.info.get(LOSSY_KEY))}, pixels
+    return answer
 
 
 def main() -> None:

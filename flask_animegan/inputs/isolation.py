@@ -31,9 +31,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
-from ..cache.jpeg_grid import INFO_KEY, LOSSY_KEY, JpegGrid
 from ..config import Settings
 from ..errors import (
     BadImage,
@@ -43,8 +40,8 @@ from ..errors import (
     UnsupportedImage,
 )
 from . import decoding
-from .decoding import DecodeLimits
-from .helper import FRAME
+from .decoding import DecodedUpload, DecodeLimits
+from .helper import FRAME, upload_of
 
 ISOLATIONS = ("process", "thread")
 _ERRORS: dict[str, type[ConversionError]] = {
@@ -92,7 +89,7 @@ class DecodeGate:
 
 
 class _Helper:
-    """One decode_worker process, owned by the process that started it."""
+    """One helper process (:mod:`.helper`), owned by the process that started it."""
 
     def __init__(self) -> None:
         package_parent = str(Path(__file__).resolve().parents[2])
@@ -234,14 +231,15 @@ class Decoder:
         if self.isolation == "process":
             self.pool.prestart(1)
 
-    def decode(self, data: bytes, *, size: int, square: bool = False) -> Image.Image:
-        """The upload as an upright RGB image fitted to ``size``; raises ConversionError."""
+    def decode(self, data: bytes, *, size: int, square: bool = False) -> DecodedUpload:
+        """The upload decoded, its image upright RGB fitted to ``size``; raises
+        ConversionError."""
         with self.gate.slot(self.max_queue, self.queue_timeout):
             if self.isolation == "thread":
                 return decoding.decode_upload(data, self.limits, size=size, square=square)
             return self._decode_in_helper(data, size, square)
 
-    def _decode_in_helper(self, data: bytes, size: int, square: bool) -> Image.Image:
+    def _decode_in_helper(self, data: bytes, size: int, square: bool) -> DecodedUpload:
         header = {"size": size, "square": square, "limits": asdict(self.limits),
                   # the decode itself plus the resized copies and the interpreter's slack
                   "memory": 2 * self.limits.max_bytes + (64 << 20)}
@@ -265,14 +263,7 @@ class Decoder:
             break
         if not answer["ok"]:
             raise _ERRORS.get(answer["error"], BadImage)(answer["message"])
-        image = Image.frombytes("RGB", (answer["width"], answer["height"]), pixels)
-        if answer.get("jpeg") is not None:
-            grid = JpegGrid.from_json(answer["jpeg"])
-            if grid is not None:
-                image.info[INFO_KEY] = grid
-        if answer.get("lossy_webp") is True:
-            image.info[LOSSY_KEY] = True
-        return image
+        return upload_of(answer, pixels)
 
     def status(self) -> dict[str, Any]:
         return {"isolation": self.isolation, "slots": self.gate.slots,

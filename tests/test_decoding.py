@@ -1,8 +1,11 @@
-"""The image pipeline: decoding by content, every mode to RGB, orientation, sizing, limits."""
+"""Decoding an upload: by content, every mode to RGB, orientation, sizing, limits, and the
+DecodedUpload it gives, the same from a helper process as from this thread."""
 
 from __future__ import annotations
 
 import io
+import json
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -11,14 +14,22 @@ from PIL import Image, ImageCms
 
 from flask_animegan.errors import BadImage, ImageTooLarge, UnsupportedImage
 from flask_animegan.inputs import decoding
+from flask_animegan.inputs.decoding import DecodedUpload
+from flask_animegan.inputs.helper import answer_of, upload_of
+from flask_animegan.inputs.isolation import Decoder
 from flask_animegan.runtime.engine import InferenceEngine
 
 BIG = 10**8
 
 
-def decode(data: bytes, size: int = 512, **kwargs) -> Image.Image:
+def decode_upload(data: bytes, size: int = 512, **kwargs) -> DecodedUpload:
     limits = decoding.DecodeLimits(max_pixels=kwargs.pop("max_pixels", BIG))
     return decoding.decode_upload(data, limits, size=size, **kwargs)
+
+
+def decode(data: bytes, size: int = 512, **kwargs) -> Image.Image:
+    """The fitted image of the upload."""
+    return decode_upload(data, size, **kwargs).image
 
 
 def quadrants(width: int = 80, height: int = 60) -> Image.Image:
@@ -174,11 +185,82 @@ def test_images_over_the_pixel_limit_are_refused_before_decoding(side):
 
 def test_big_jpegs_are_decoded_at_reduced_scale():
     big = photo("astronaut").resize((2048, 2048))
-    decoded = decoding.decode_upload(encode_image(big, "JPEG"), max_pixels=BIG, size=512)
-    assert decoded.size == (512, 512)  # DCT scaling 1/4, not a full 2048 decode
-    square = decoding.decode_upload(encode_image(big.resize((2048, 1024)), "JPEG"),
-                                   max_pixels=BIG, size=512, square=True)
+    decoded = decode_upload(encode_image(big, "JPEG"), size=512)
+    assert decoded.image.size == (512, 512)  # DCT scaling 1/4, not a full 2048 decode
+    assert decoded.source_size == (2048, 2048)  # the file's size, not the reduced decode's
+    square = decode(encode_image(big.resize((2048, 1024)), "JPEG"), size=512, square=True)
     assert min(square.size) >= 512  # the centre square must still cover the size
+
+
+# -- the DecodedUpload ----------------------------------------------------------------------
+def exif_turned(orientation: int = 6) -> bytes:
+    """A 120x90 picture stored as 90x120 with an EXIF orientation that turns it back."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encode_image(STORED_FOR_ORIENTATION[orientation](quadrants(120, 90)), "JPEG",
+                        exif=exif.tobytes())
+
+
+def sixteen_bit_png() -> bytes:
+    ramp = (np.linspace(0, 65535, 96 * 64).reshape(64, 96)).astype(np.uint16)
+    return encode_image(Image.fromarray(ramp), "PNG")
+
+
+#: One file per decode path: (name, file, format, source size).
+UPLOADS = [
+    ("JPEG", lambda: photo_bytes("astronaut", "JPEG"), "JPEG", (512, 512)),
+    ("JPEG turned by EXIF", exif_turned, "JPEG", (120, 90)),
+    ("CMYK JPEG", lambda: encode_image(photo("coffee").resize((150, 100)).convert("CMYK"),
+                                       "JPEG"), "JPEG", (150, 100)),
+    ("PNG with alpha", lambda: encode_image(rgba_half_transparent(), "PNG"), "PNG", (40, 20)),
+    ("16-bit PNG", sixteen_bit_png, "PNG", (96, 64)),
+    ("GIF", lambda: encode_image(photo("chelsea").resize((90, 60)).convert("P"), "GIF"),
+     "GIF", (90, 60)),
+    ("WebP", lambda: photo_bytes("chelsea", "WEBP"), "WEBP", (451, 300)),
+]
+
+
+@pytest.mark.parametrize("name,make,fmt,source_size", UPLOADS, ids=[u[0] for u in UPLOADS])
+def test_a_decode_says_what_the_file_was(name, make, fmt, source_size):
+    decoded = decode_upload(make(), size=64)
+    assert decoded.format == fmt and decoded.source_size == source_size
+    assert decoded.image.mode == "RGB"
+    assert decoded.image.size == decoding.output_size(*source_size, 64)
+    assert decoded.image.info == {}  # nothing of the file travels beside the pixels
+
+
+@pytest.fixture(scope="module")
+def decoders():
+    return {isolation: Decoder(limits=decoding.DecodeLimits(max_pixels=BIG), isolation=isolation,
+                               timeout=10, slots=1, max_queue=1, queue_timeout=10)
+            for isolation in ("process", "thread")}
+
+
+@pytest.mark.parametrize("square", [False, True])
+@pytest.mark.parametrize("name,make,fmt,source_size", UPLOADS, ids=[u[0] for u in UPLOADS])
+def test_a_helper_process_gives_the_same_decoded_upload_as_this_thread(decoders, name, make,
+                                                                       fmt, source_size, square):
+    data = make()
+    helper = decoders["process"].decode(data, size=96, square=square)
+    thread = decoders["thread"].decode(data, size=96, square=square)
+    assert isinstance(helper, DecodedUpload)
+    assert (helper.source_size, helper.format) == (thread.source_size, thread.format)
+    assert (helper.source_size, helper.format) == (source_size, fmt)
+    assert isinstance(helper.source_size, tuple)  # not JSON's list
+    assert helper.image.mode == thread.image.mode == "RGB"
+    assert helper.image.size == thread.image.size
+    assert helper.image.tobytes() == thread.image.tobytes()
+
+
+def test_the_helper_protocol_carries_every_field_of_the_decoded_upload():
+    decoded = decode_upload(exif_turned(), size=64)
+    header, pixels = answer_of(decoded)
+    header = json.loads(json.dumps(header))  # as it travels
+    named = {field.name for field in fields(DecodedUpload)} - {"image"}
+    assert named <= set(header) and header["ok"] is True
+    again = upload_of(header, pixels)
+    assert again.source_size == decoded.source_size and again.format == decoded.format
+    assert again.image.tobytes() == decoded.image.tobytes()
 
 
 @pytest.mark.parametrize("size_in,size,expected", [
