@@ -13,7 +13,7 @@ import os
 # Cap the math libraries to the CPUs this process may use *before* torch is
 # imported (the worker imports it when it loads the app): the threadpools size
 # themselves at import time. Importing flask_animegan here would import torch, so
-# this mirrors flask_animegan.config.torch_threads in two lines.
+# this mirrors flask_animegan.config.Settings.threads in one line.
 _threads = os.environ.get("ANIMEGAN_TORCH_THREADS") or str(len(os.sched_getaffinity(0)))
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, _threads)

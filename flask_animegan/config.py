@@ -1,38 +1,141 @@
-"""Every configuration key the extension reads: one typed object, one place for defaults.
+"""Every configuration key the extension reads: the registry, and the one check derived from it.
 
-:class:`Settings` lists each setting once, as a field with its type, default and one
-line of meaning. ``init_app`` copies the defaults into ``app.config`` (``setdefault``)
-and reads them back once, checked, with :meth:`Settings.from_config`; the example app
-and ``gunicorn.conf.py`` read the same names from the environment through
-:func:`from_environ`. The README's configuration table is generated from (and tested
-against) :data:`SETTINGS`. A field ``max_side`` is the key ``ANIMEGAN_MAX_SIDE``.
+:class:`Settings` lists each setting once, as a field with its type, default, allowed
+values (a range, choices or a check) and one line of meaning, the way Flask-Limiter's
+``constants.py`` keeps its names. ``init_app`` copies the defaults into ``app.config``
+(``setdefault``) and reads them back once with :meth:`Settings.from_config`, which refuses
+a wrong type, a value out of range, an unknown choice or an unparsable rate limit with an
+error that names the key and the fix. :func:`from_environ` converts environment strings
+through the same registry (the example app and ``gunicorn.conf.py``). The configuration
+table of docs/configuration.md is generated from (and tested against) :data:`SETTINGS`.
+A field ``max_side`` is the key ``ANIMEGAN_MAX_SIDE``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
 PREFIX = "ANIMEGAN_"
 OUTPUT_FORMATS = ("jpeg", "png", "webp")
 PRECISIONS = ("auto", "fp32", "bf16")
-BACKENDS = ("auto", "torch", "openvino")
+#: What can run the network (ANIMEGAN_BACKEND also takes ``auto``).
+BACKENDS = ("torch", "openvino")
 CACHE_SCOPES = ("client", "global")
 ISOLATIONS = ("process", "thread")
 HEALTH_DETAILS = ("local", "all", "none")
+#: URI schemes of a Redis server, for the cache and result pages (and their limiter).
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+STORAGE_SCHEMES = ("memory", *REDIS_SCHEMES)
+GiB = 1 << 30
+HOUR, DAY = 3600, 86400
+
+#: A check beyond type and range: the value -> None when usable, else what is wrong and
+#: how to fix it (completing "ANIMEGAN_X=value ...").
+Check = Callable[[Any], "str | None"]
 
 
-def _setting(default: Any, kind: type, meaning: str) -> Any:
-    """A field of :class:`Settings`: its default, the type environment values convert to,
-    and its meaning (the README's configuration table)."""
-    metadata = {"kind": kind, "meaning": meaning}
+class SettingError(ValueError):
+    """A setting that cannot be used; ``key`` is its name, the message says the fix."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def _setting(default: Any, kind: type, meaning: str, *, low: float | None = None,
+             high: float | None = None, choices: tuple[str, ...] = (),
+             check: Check | None = None) -> Any:
+    """A field of :class:`Settings`: its default, its type (environment values convert
+    to it), its meaning (the configuration table) and what values it allows: ``low`` to
+    ``high`` for numbers, ``choices`` or a ``check`` for strings. A default of None
+    means the setting may be unset."""
+    metadata = {"kind": kind, "meaning": meaning, "low": low, "high": high,
+                "choices": choices, "check": check}
     if isinstance(default, dict):
         return dataclasses.field(default_factory=lambda: dict(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+# -- checks of single values (each returns None or the fix) ------------------------------
+def _not_empty(value: str) -> str | None:
+    """a string, not empty"""
+    return "is empty: give a value, or leave the key out for the default" if not value else None
+
+
+def _url_prefix(value: str) -> str | None:
+    """a path starting with `/`"""
+    return None if value.startswith("/") else "must start with '/', e.g. '/animegan'"
+
+
+def _rate_limit(value: str) -> str | None:
+    """a flask-limiter limit, e.g. `5 per minute` or `5/minute;100/day`; empty: off
+
+    Parsed by flask-limiter's own parser (``limits.parse_many``): a limit it cannot parse
+    would otherwise be skipped at every request, i.e. no limit at all."""
+    if value == "":
+        return None  # documented: empty disables the limit
+    from limits import parse_many
+
+    try:
+        items = parse_many(value)
+    except ValueError as exc:
+        return (f"is not a rate limit flask-limiter can parse ({exc}): write e.g. "
+                "'5 per minute' or '5/minute;100/day', or '' to turn the limit off")
+    if any(item.amount < 1 for item in items):
+        return "allows no conversion at all: give at least 1, or '' to turn the limit off"
+    return None
+
+
+def _scheme(value: str) -> str:
+    return value.split("://", 1)[0].lower() if "://" in value else ""
+
+
+def _storage_uri(value: str) -> str | None:
+    """`memory://`, `redis://`, `rediss://` or `unix://` URI"""
+    if _scheme(value) in STORAGE_SCHEMES:
+        return None
+    return ("is not a storage URI: use memory:// or redis://host:6379/0 "
+            f"(schemes: {', '.join(s + '://' for s in STORAGE_SCHEMES)})")
+
+
+def _ratelimit_storage_uri(value: str) -> str | None:
+    """a flask-limiter storage URI (`memory://`, `redis://...`)"""
+    # the scheme itself is checked by flask-limiter when the extension makes its Limiter
+    # (web/limits.py), still in init_app; empty (an empty environment variable) is unset
+    if _scheme(value) or value == "":
+        return None
+    return ("is not a flask-limiter storage URI: use memory:// or redis://host:6379/0 "
+            "(redis+unix:///path for a socket), or leave it unset for ANIMEGAN_STORAGE_URI")
+
+
+def _http_url(value: str) -> str | None:
+    """an `http(s)://` URL"""
+    if value == "" or (_scheme(value) in ("http", "https") and value.split("://", 1)[1]):
+        return None
+    return "is not an http(s) URL: give e.g. 'https://mirror.example/weights', or unset it"
+
+
+def _extra_styles(value: dict[str, Any]) -> str | None:
+    """a mapping of style name to a dict with `url` and `sha1`"""
+    for name, spec in value.items():
+        if not isinstance(name, str) or not isinstance(spec, Mapping):
+            return (f"has the entry {name!r}: {type(spec).__name__}; give a mapping of style "
+                    'name to a dict, e.g. {"mine": {"url": "https://...", "sha1": "<40 hex>"}}')
+    return None  # names, urls and hashes: runtime.catalog.known_styles, also in init_app
+
+
+def _block_name(value: str) -> str | None:
+    """a Jinja block name"""
+    if value.isidentifier():
+        return None
+    return "must be the name of a block of your layout, e.g. 'content'"
 
 
 def available_cpus() -> int:
@@ -45,12 +148,16 @@ def available_cpus() -> int:
 
 @dataclass(frozen=True)
 class Settings:
-    """The extension's settings for one app, read once from ``app.config`` and checked."""
+    """The extension's settings for one app, read once from ``app.config`` and checked.
+
+    Each field is one row of the registry: its type (the annotation), default, allowed
+    values and meaning sit side by side in its ``_setting(...)``."""
 
     models_dir: str = _setting(
         'models', str,
         'Folder holding style weights (`NAME.pt`); relative paths are resolved against '
-        "the app's root path.")
+        "the app's root path.",
+        check=_not_empty)
     shipped_styles: bool = _setting(
         True, bool,
         'Also serve the styles shipped inside the package (`toon_demo`, a small demo '
@@ -63,117 +170,126 @@ class Settings:
         'else the shipped `toon_demo`.')
     url_prefix: str = _setting(
         '/animegan', str,
-        'URL prefix of the blueprint.')
+        'URL prefix of the blueprint.',
+        check=_url_prefix)
     max_side: int = _setting(
         512, int,
-        'Largest allowed long side of the output, in pixels; also the default size.')
+        'Largest allowed long side of the output, in pixels; also the default size.',
+        low=16, high=8192)
     max_upload_bytes: int = _setting(
         16 * 1024 * 1024, int,
-        'Largest accepted request body; larger bodies get 413 before they are read.')
+        'Largest accepted request body; larger bodies get 413 before they are read.',
+        low=1, high=4 * GiB)
     max_pixels: int = _setting(
         40000000, int,
         'Largest accepted image area (width x height) read from the file header, '
-        'checked before decoding; guards against decompression bombs.')
+        'checked before decoding; guards against decompression bombs.',
+        low=1, high=10**9)
     max_decode_bytes: int = _setting(
         192 * 1024 * 1024, int,
         'Largest memory one decode may need: width x height x the bytes per pixel of '
         'its mode (bit depth and bands) plus the RGB copy, read from the header (JPEGs '
-        'at their reduced decoding scale). Larger images get 413.')
+        'at their reduced decoding scale). Larger images get 413.',
+        low=1, high=64 * GiB)
     max_aspect_ratio: float = _setting(
         20.0, float,
-        "Largest ratio of an upload's long side to its short side; more gets 413.")
+        "Largest ratio of an upload's long side to its short side; more gets 413.",
+        low=1, high=1000)
     max_jpeg_scans: int = _setting(
         32, int,
         'Most scans a JPEG may have (counted before decoding; a progressive JPEG is '
-        'decoded once per scan, real ones have about 10).')
+        'decoded once per scan, real ones have about 10).',
+        low=1, high=1000)
     decode_isolation: str = _setting(
         'process', str,
         '`process`: decode uploads in helper processes with a memory limit, killed '
         'after ANIMEGAN_DECODE_TIMEOUT; `thread`: decode in the server process (same '
-        'checks and gate, no hard limits).')
+        'checks and gate, no hard limits).',
+        choices=ISOLATIONS)
     decode_timeout: float = _setting(
         5.0, float,
-        'Seconds one decode may take in its helper process before it is killed (413).')
+        'Seconds one decode may take in its helper process before it is killed (413).',
+        low=0.01, high=HOUR)
     decode_slots: int | None = _setting(
         None, int,
         'Uploads decoded at once per process (more wait, as for the model, up to '
-        'ANIMEGAN_MAX_QUEUE, else 503); unset uses the CPUs this process may run on.')
+        'ANIMEGAN_MAX_QUEUE, else 503); unset uses the CPUs this process may run on.',
+        low=1, high=1024)
     rate_limit: str = _setting(
         '5 per minute', str,
         'flask-limiter limit for the upload and convert routes, per client address; '
-        'empty disables it.')
+        'empty disables it.',
+        check=_rate_limit)
     storage_uri: str = _setting(
         'memory://', str,
         'Where the result cache and the result pages live: `memory://` (this process, '
         'bounded by the *_MAX_BYTES settings) or `redis://[:password@]host:port/db` / '
         '`rediss://...` (shared by every instance; bound it with Redis `maxmemory` and '
-        'an LRU policy). If Redis is unreachable, conversions go on without the cache.')
+        'an LRU policy). If Redis is unreachable, conversions go on without the cache.',
+        check=_storage_uri)
     ratelimit_storage_uri: str | None = _setting(
         None, str,
         'flask-limiter storage; unset uses ANIMEGAN_STORAGE_URI. `memory://` counts per '
         'process; with Redis, counts are shared, and fall back to per-process memory '
-        'while Redis is unreachable.')
+        'while Redis is unreachable.',
+        check=_ratelimit_storage_uri)
     trusted_proxies: int = _setting(
         0, int,
         'Reverse proxies in front of the app that append to X-Forwarded-For; the rate '
         'limit keys on the address the outermost trusted one saw (entries that are not '
-        'IP addresses are ignored). They must be the only way in. 0: ignore the header.')
+        'IP addresses are ignored). They must be the only way in. 0: ignore the header.',
+        low=0, high=32)
     cache_scope: str = _setting(
         'client', str,
         'Who shares cached results: `client` (default: only requests with the same '
         'rate-limit key, the client address) or `global` (every client; a result then '
-        'reveals that someone converted the same photo recently).')
+        'reveals that someone converted the same photo recently).',
+        choices=CACHE_SCOPES)
     cache_ttl: int = _setting(
         3600, int,
-        'Seconds a cached result lives; 0 disables the cache.')
+        'Seconds a cached result lives; 0 disables the cache.',
+        low=0, high=30 * DAY)
     cache_max_bytes: int = _setting(
         64 * 1024 * 1024, int,
-        'Byte budget of the result cache (least recently used results are evicted). An '
-        'entry holds its result, its input as lossless WebP (for the exact JPEG re-save '
-        'check; 50-380 KiB at 512 px, median 190), a 29 KiB fingerprint and, for a JPEG or '
-        'PNG upload larger than the output, the uploaded file itself, without metadata, if '
-        'it has at most 8 MiB and 12.6 megapixels (the same check at its own size).')
+        'Byte budget of the result cache (least recently used results are evicted first); '
+        'what an entry holds is in docs/http-api.md; 0: no cache in memory.',
+        low=0, high=64 * GiB)
     phash_size: int = _setting(
         16, int,
-        '`hash_size` of `imagehash.phash` used as the cache key (16 gives 256 bits).')
+        '`hash_size` of `imagehash.phash` used as the cache key (16 gives 256 bits).',
+        low=4, high=64)
     phash_max_distance: int = _setting(
         6, int,
         'Largest Hamming distance between two perceptual hashes that may share a result '
-        '(the colour-thumbnail check must pass too).')
-    color_tolerance: float = _setting(
-        0.9, float,
-        'Largest mean absolute difference (0-255 levels, after 3x3 smoothing) between '
-        'the 16x16 colour thumbnails of two inputs that may share a result; systematic '
-        'shifts must stay under a third of it.')
-    local_tolerance: float = _setting(
-        1.75, float,
-        'How much any small window (about 5 % x 5 % of the input, on fixed 128x128 luma '
-        'and 64x64 colour grids) of two inputs may differ, in multiples of the '
-        'difference their re-encoding leaves on similar detail, before they stop '
-        'sharing a result; lower catches milder local edits (a blurred face, a sticker) '
-        'but misses more re-encoded copies.')
+        '(the rest of the cache rule, in docs/http-api.md, must hold too).',
+        low=0, high=64 * 64)
     result_ttl: int = _setting(
         3600, int,
-        'Seconds the result page of a form upload (and its images) stays available.')
+        'Seconds the result page of a form upload (and its images) stays available.',
+        low=1, high=30 * DAY)
     result_max_bytes: int = _setting(
         64 * 1024 * 1024, int,
-        'Byte budget of the stored result pages (oldest unused evicted first).')
+        'Byte budget of the stored result pages (oldest unused evicted first).',
+        low=1, high=64 * GiB)
     torch_threads: int | None = _setting(
         None, int,
         'torch intra-op threads; unset uses the CPUs this process may run on '
-        '(`os.sched_getaffinity`).')
+        '(`os.sched_getaffinity`).',
+        low=1, high=1024)
     precision: str = _setting(
         'auto', str,
         'Inference precision: `auto` (at startup, time the default style in fp32 and '
         'bf16 on this CPU and keep the faster; fp32 without native bf16), `fp32` or '
-        '`bf16`.')
+        '`bf16`.',
+        choices=PRECISIONS)
     backend: str = _setting(
         'auto', str,
         'What runs the network: `auto` (at startup, time torch and, with the `openvino` '
         'extra installed, OpenVINO in each precision ANIMEGAN_PRECISION allows on the '
         'default style, and keep the fastest whose pictures stay within 40 dB PSNR of '
         'torch fp32), `torch` or `openvino` (torch, with a warning, if the extra is '
-        'missing). Each style is checked when it loads; one that fails runs on torch fp32.')
+        'missing). Each style is checked when it loads; one that fails runs on torch fp32.',
+        choices=("auto", *BACKENDS))
     model_cache_dir: str | None = _setting(
         None, str,
         "Folder for OpenVINO's converted styles and compiled models, so that a restart "
@@ -182,36 +298,45 @@ class Settings:
     max_queue: int = _setting(
         2, int,
         'Conversions allowed to wait while one runs; more get 503 with Retry-After. '
-        "Keep it below the server's thread count so the 503 can be sent.")
+        "Keep it below the server's thread count so the 503 can be sent.",
+        low=0, high=1024)
     queue_timeout: float = _setting(
         60.0, float,
-        'Seconds a queued conversion waits for the model before giving up with 503.')
+        'Seconds a queued conversion waits for the model before giving up with 503.',
+        low=0.01, high=HOUR)
     output_format: str = _setting(
         'jpeg', str,
-        'Default output format: jpeg, png or webp.')
+        'Default output format: jpeg, png or webp.',
+        choices=OUTPUT_FORMATS)
     jpeg_quality: int = _setting(
         90, int,
-        'JPEG and WebP quality of the output.')
+        'JPEG and WebP quality of the output.',
+        low=1, high=100)
     max_loaded_styles: int = _setting(
         3, int,
-        'How many styles stay loaded in memory (LRU); the default style always does.')
+        'How many styles stay loaded in memory (LRU); the default style always does.',
+        low=1, high=64)
     warmup_size: int = _setting(
         256, int,
         'Side of the square image of the warm-up inference, run when the serving '
         "process warms up (gunicorn.conf.py's post_worker_init, or `warm_up()`); 0 "
-        'skips it.')
+        'skips it.',
+        low=0, high=8192)
     weights_base_url: str | None = _setting(
         None, str,
         'Mirror to download official styles from instead of GitHub '
-        '(`{base}/{name}.pt`); the pinned hashes still apply.')
+        '(`{base}/{name}.pt`); the pinned hashes still apply.',
+        check=_http_url)
     extra_styles: dict[str, dict[str, Any]] = _setting(
         {}, dict,
         'Extra pullable styles: a mapping of name to a dict with `url`, `sha1` (git '
-        'blob SHA-1) and optionally `licence`, `description`, `face`.')
+        'blob SHA-1) and optionally `licence`, `description`, `face`.',
+        check=_extra_styles)
     health_details: str = _setting(
         'local', str,
         'Who sees the details in `{prefix}/healthz` (styles, queue, cache, errors): '
-        '`local` (clients on loopback), `all` or `none`; others get only the status.')
+        '`local` (clients on loopback), `all` or `none`; others get only the status.',
+        choices=HEALTH_DETAILS)
     content_security_policy: str = _setting(
         "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'", str,
         "Content-Security-Policy header of the blueprint's responses; empty leaves it out. "
@@ -225,7 +350,8 @@ class Settings:
     sample_size: int = _setting(
         128, int,
         "Long side of the style samples in the page's style picker, converted from a "
-        'bundled photo at warm-up (or on first view); 0: no samples.')
+        'bundled photo at warm-up (or on first view); 0: no samples.',
+        low=0, high=1024)
     metrics: bool = _setting(
         False, bool,
         'Serve Prometheus metrics at `{prefix}/metrics` (needs `prometheus_client`; '
@@ -234,18 +360,22 @@ class Settings:
     base_template: str = _setting(
         'animegan/base.html', str,
         "Template the pages extend; point it at your site's layout, and set "
-        'ANIMEGAN_CONTENT_BLOCK to its content block.')
+        'ANIMEGAN_CONTENT_BLOCK to its content block.',
+        check=_not_empty)
     content_block: str = _setting(
         'animegan_content', str,
         'Block of ANIMEGAN_BASE_TEMPLATE that the pages fill, e.g. `content` for a '
-        "site's layout; the built-in base template's is `animegan_content`.")
+        "site's layout; the built-in base template's is `animegan_content`.",
+        check=_block_name)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
-        """Read every ``ANIMEGAN_*`` key (missing ones take their defaults) and check them;
-        ValueError names the key and the fix."""
-        values = {f.name: config[PREFIX + f.name.upper()] for f in dataclasses.fields(cls)
-                  if PREFIX + f.name.upper() in config}
+        """Read every ``ANIMEGAN_*`` key (missing ones take their defaults) and check them
+        all; :class:`SettingError` names the first unusable key and the fix."""
+        values = {}
+        for setting in SETTINGS:
+            if setting.name in config:
+                values[setting.field] = setting.checked(config[setting.name])
         settings = cls(**values)
         settings.validate()
         return settings
@@ -268,55 +398,21 @@ class Settings:
 
     # -- checks ----------------------------------------------------------------
     def validate(self) -> None:
-        """Raise ValueError naming the key and the fix for any unusable setting."""
-        for name in ("max_side", "max_upload_bytes", "max_pixels", "phash_size",
-                     "max_loaded_styles", "queue_timeout", "result_ttl", "result_max_bytes",
-                     "max_decode_bytes", "max_jpeg_scans", "decode_timeout"):
-            self._positive(name)
-        for name in ("trusted_proxies", "cache_ttl", "cache_max_bytes", "phash_max_distance",
-                     "color_tolerance", "max_queue", "local_tolerance", "warmup_size",
-                     "sample_size"):
-            self._positive(name, allow_zero=True)
-        if self.max_side < 16:
-            raise ValueError("ANIMEGAN_MAX_SIDE must be at least 16 pixels")
-        if self.max_aspect_ratio < 1:
-            raise ValueError("ANIMEGAN_MAX_ASPECT_RATIO must be at least 1 (a square); the "
-                             f"default is {DEFAULTS['ANIMEGAN_MAX_ASPECT_RATIO']}")
-        for name, choices in (("output_format", OUTPUT_FORMATS), ("precision", PRECISIONS),
-                              ("backend", BACKENDS),
-                              ("cache_scope", CACHE_SCOPES), ("decode_isolation", ISOLATIONS),
-                              ("health_details", HEALTH_DETAILS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{PREFIX}{name.upper()}={getattr(self, name)!r} is not one "
-                                 f"of {', '.join(choices)}")
-        if not str(self.url_prefix).startswith("/"):
-            raise ValueError("ANIMEGAN_URL_PREFIX must start with '/', e.g. '/animegan'")
-        for name in ("torch_threads", "decode_slots"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{PREFIX}{name.upper()}={value!r} must be a positive "
-                                 "integer or unset")
-        if not (isinstance(self.content_block, str) and self.content_block.isidentifier()):
-            raise ValueError(f"ANIMEGAN_CONTENT_BLOCK={self.content_block!r} must be the name "
-                             "of a block of your layout, e.g. 'content'")
+        """Check every value against the registry, then the rules between settings;
+        raise :class:`SettingError` naming the key and the fix."""
+        for setting in SETTINGS:
+            setting.checked(getattr(self, setting.field))
+        if self.phash_max_distance > self.phash_size ** 2:
+            raise SettingError("ANIMEGAN_PHASH_MAX_DISTANCE", (
+                f"ANIMEGAN_PHASH_MAX_DISTANCE={self.phash_max_distance} is more than the "
+                f"{self.phash_size ** 2} bits of a hash of ANIMEGAN_PHASH_SIZE="
+                f"{self.phash_size}: every photo would match; the default is "
+                f"{DEFAULTS['ANIMEGAN_PHASH_MAX_DISTANCE']}"))
         if (self.content_block != DEFAULTS["ANIMEGAN_CONTENT_BLOCK"]
                 and self.base_template == DEFAULTS["ANIMEGAN_BASE_TEMPLATE"]):
-            raise ValueError("ANIMEGAN_CONTENT_BLOCK names a block of your layout: set "
-                             "ANIMEGAN_BASE_TEMPLATE to that layout too, e.g. 'layout.html'")
-        for name in ("storage_uri", "ratelimit_storage_uri"):
-            value = getattr(self, name)
-            if value is not None and "://" not in str(value):
-                raise ValueError(f"{PREFIX}{name.upper()}={value!r} is not a URI; use "
-                                 "memory:// or redis://host:6379/0")
-
-    def _positive(self, name: str, allow_zero: bool = False) -> None:
-        value = getattr(self, name)
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-                or (value == 0 and not allow_zero)):
-            key = PREFIX + name.upper()
-            raise ValueError(
-                f"{key}={value!r} must be a {'non-negative' if allow_zero else 'positive'} "
-                f"number; the default is {DEFAULTS[key]!r}")
+            raise SettingError("ANIMEGAN_CONTENT_BLOCK", (
+                "ANIMEGAN_CONTENT_BLOCK names a block of your layout: set "
+                "ANIMEGAN_BASE_TEMPLATE to that layout too, e.g. 'layout.html'"))
 
 
 class AnimeGANOptions(TypedDict, total=False):
@@ -345,8 +441,6 @@ class AnimeGANOptions(TypedDict, total=False):
     cache_max_bytes: int
     phash_size: int
     phash_max_distance: int
-    color_tolerance: float
-    local_tolerance: float
     result_ttl: int
     result_max_bytes: int
     torch_threads: int | None
@@ -370,61 +464,167 @@ class AnimeGANOptions(TypedDict, total=False):
     content_block: str
 
 
+_KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False",
+               str: "a string", dict: "a mapping (a dict)"}
+
+
 @dataclass(frozen=True)
 class Setting:
-    """One row of the configuration table."""
+    """One row of the registry (and of the configuration table), made from a field of
+    :class:`Settings`: the key, its default, meaning, type and allowed values."""
 
     name: str
     default: Any
     meaning: str
     kind: type = str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    check: Check | None = None
+
+    @property
+    def field(self) -> str:
+        return self.name[len(PREFIX):].lower()
+
+    @property
+    def optional(self) -> bool:
+        """Whether the setting may be unset (None): those whose default is None."""
+        return self.default is None
+
+    def allowed(self) -> str:
+        """The values this setting takes, in words (the configuration table's column)."""
+        if self.choices:
+            words = "one of " + ", ".join(f"`{c}`" for c in self.choices)
+        elif self.low is not None and self.high is not None:
+            low, high = (self._number(self.low), self._number(self.high))
+            words = f"{_KIND_WORDS[self.kind]} from {low} to {high}"
+        elif self.check is not None and self.check.__doc__:
+            words = self.check.__doc__.splitlines()[0]
+        else:
+            words = _KIND_WORDS[self.kind]
+        return words + (", or unset" if self.optional else "")
+
+    def _number(self, value: float) -> str:
+        if self.name.endswith("_BYTES") and value >= GiB and value % GiB == 0:
+            return f"{int(value) // GiB} GiB"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    def example(self) -> Any:
+        """A usable value, for error messages: the default, else the lowest allowed."""
+        if self.default is not None:
+            return self.default
+        if self.low is not None:
+            return self.kind(self.low)
+        return "..."
+
+    def checked(self, value: Any) -> Any:
+        """``value`` if this setting can use it, else :class:`SettingError` saying why and
+        what to give instead. The one check: ``init_app`` and :func:`from_environ` use it."""
+        if value is None and self.optional:
+            return None
+        if not _is_kind(value, self.kind):
+            hint = ""
+            if isinstance(value, str):
+                hint = (" (a string from the environment: pass it through "
+                        "flask_animegan.config.from_environ, or write it without quotes)")
+            raise self.error(value, f"is {type(value).__name__}, not {_KIND_WORDS[self.kind]}"
+                                    f"{hint}; give e.g. {self.example()!r}"
+                                    + (" or None (unset)" if self.optional else ""))
+        if self.kind in (int, float) and not self._in_range(value):
+            raise self.error(value, f"is out of range: give {self.allowed()}; the default "
+                                    f"is {self.default!r}")
+        if self.choices and value not in self.choices:
+            raise self.error(value, f"is not one of {', '.join(self.choices)}: give one of "
+                                    f"them (the default is {self.default!r})")
+        if self.check is not None:
+            problem = self.check(value)
+            if problem is not None:
+                raise self.error(value, problem)
+        return value
+
+    def _in_range(self, value: float) -> bool:
+        return (math.isfinite(value) and (self.low is None or value >= self.low)
+                and (self.high is None or value <= self.high))
+
+    def error(self, value: Any, problem: str, source: str = "") -> SettingError:
+        return SettingError(self.name, f"{source}{self.name}={_shown(value)} {problem}")
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    if kind is float:  # a whole number is a number; True is not
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 SETTINGS: tuple[Setting, ...] = tuple(
     Setting(PREFIX + f.name.upper(),
             f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default,
-            f.metadata["meaning"], f.metadata["kind"])
+            f.metadata["meaning"], f.metadata["kind"], f.metadata["low"], f.metadata["high"],
+            f.metadata["choices"], f.metadata["check"])
     for f in dataclasses.fields(Settings))
 DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def unknown_keys(config: Mapping[str, Any]) -> dict[str, str | None]:
+    """``ANIMEGAN_*`` keys of ``config`` that are no setting, each with the closest
+    setting's name (a likely typo) or None."""
+    return {key: next(iter(difflib.get_close_matches(key, _BY_NAME, n=1)), None)
+            for key in config if key.startswith(PREFIX) and key not in _BY_NAME}
 
 
 def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Return the ANIMEGAN_* settings present in ``environ``, converted to their types."""
+    """Return the ANIMEGAN_* settings present in ``environ``, converted to their types
+    and checked by the registry (:class:`SettingError` names the variable and the fix).
+
+    Numbers and switches are parsed from text, a mapping from JSON; an empty variable
+    unsets an optional setting (automatic choice) and turns a switch off."""
     environ = os.environ if environ is None else environ
     found: dict[str, Any] = {}
     for setting in SETTINGS:
         raw = environ.get(setting.name)
-        if raw is None:
-            continue
-        if setting.kind is dict:
-            try:
-                found[setting.name] = json.loads(raw)
-            except ValueError:
-                raise ValueError(f"environment variable {setting.name} must be a JSON object, "
-                                 f'e.g. {{"mystyle": {{"url": "...", "sha1": "..."}}}}') from None
-            continue
-        if setting.kind is bool:
-            found[setting.name] = _parse_bool(setting.name, raw)
-            continue
-        if raw == "" and setting.kind is not str:
-            found[setting.name] = None  # an empty variable means "use the automatic choice"
-            continue
-        try:
-            found[setting.name] = setting.kind(raw)
-        except ValueError:
-            raise ValueError(
-                f"environment variable {setting.name}={raw!r} is not a valid "
-                f"{setting.kind.__name__}; unset it or give e.g. {setting.default!r}"
-            ) from None
+        if raw is not None:
+            found[setting.name] = _from_text(setting, raw)
     return found
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+_ENV = "environment variable "
 
 
-def _parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE or value in _FALSE:
-        return value in _TRUE
-    raise ValueError(f"environment variable {name}={raw!r} must be one of "
-                     f"{', '.join(_TRUE)} or {', '.join(_FALSE[:-1])}")
+def _from_text(setting: Setting, raw: str) -> Any:
+    if setting.kind is str:
+        value: Any = raw
+    elif setting.kind is bool:
+        word = raw.strip().lower()
+        if word not in _TRUE and word not in _FALSE:
+            raise setting.error(raw, f"must be one of {', '.join(_TRUE)} or "
+                                     f"{', '.join(_FALSE[:-1])}", _ENV)
+        value = word in _TRUE
+    elif raw.strip() == "" and setting.optional:
+        return None  # an empty variable means "use the automatic choice"
+    elif setting.kind is dict:
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise setting.error(raw, 'must be a JSON object, e.g. {"mystyle": {"url": '
+                                     '"https://...", "sha1": "<40 hex>"}}', _ENV)
+    else:
+        try:
+            value = setting.kind(raw.strip())
+        except ValueError:
+            raise setting.error(raw, f"is not {_KIND_WORDS[setting.kind]}; unset it or "
+                                     f"give e.g. {setting.example()!r}", _ENV) from None
+    try:
+        return setting.checked(value)
+    except SettingError as exc:
+        raise SettingError(setting.name, _ENV + str(exc)) from None

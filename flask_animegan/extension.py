@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, current_app
+from flask import Flask
 
 from .cache.near_duplicate import NearDuplicateCache, ResultStore
 from .cache.storage import open_storage
-from .config import DEFAULTS, AnimeGANOptions, Settings
+from .config import DEFAULTS, AnimeGANOptions, Settings, unknown_keys
 from .inputs.isolation import Decoder
 from .metrics import Metrics
 from .process import configure_process
@@ -54,7 +55,15 @@ class AnimeGAN:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
-        """Read the settings, make the service and register the routes and limits."""
+        """Read and check the settings, make the service, register the routes and limits.
+
+        The ``ANIMEGAN_*`` config is read once, here, and checked against the registry
+        (:mod:`flask_animegan.config`): a wrong type, a value out of range, an unknown
+        choice or a rate limit flask-limiter cannot parse raises ``RuntimeError`` naming
+        the key and the fix, before any request. Changes to the application config after
+        this call will not be reflected; the views and the CLI read the service's
+        :class:`~flask_animegan.config.Settings`.
+        """
         if EXTENSION_KEY in app.extensions:
             raise RuntimeError("AnimeGAN is already initialised on this app; call "
                                "init_app once per app")
@@ -63,9 +72,13 @@ class AnimeGAN:
         try:
             settings = Settings.from_config(app.config)
             catalog = known_styles(settings.extra_styles)
+            own = (None if ratelimit.host_limiter(app.extensions)
+                   else ratelimit.own_limiter(app, settings))
         except ValueError as exc:
             raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
-        app.config.setdefault("ANIMEGAN_MODEL", None)  # the default model, once loaded
+        for key, near in unknown_keys(app.config).items():
+            log.warning("flask_animegan: %s is not a setting and is ignored%s", key,
+                        f"; did you mean {near}?" if near else "")
 
         configure_process(settings.threads)
         metrics = Metrics() if settings.metrics else None
@@ -73,16 +86,15 @@ class AnimeGAN:
                                                catalog=catalog, events=metrics)
         decoder = Decoder.from_settings(settings)
         cache, results = self._stores(settings, app.config.get("SECRET_KEY"))
-        limiter = ratelimit.host_limiter(app) or ratelimit.own_limiter(app, settings)
-        service = AnimeGANService(settings, app.config, engine, decoder, cache, results,
-                                  limiter, metrics)
+        service = AnimeGANService(settings, engine, decoder, cache, results,
+                                  partial(ratelimit.counting_limiter, app.extensions, own),
+                                  own, metrics)
         app.extensions[EXTENSION_KEY] = service
         app.register_blueprint(blueprint, url_prefix=settings.url_prefix)
         # Requests under the prefix that match no route (404, 405, 308) never reach the
         # blueprint's handlers; give them its headers and error bodies too.
         app.after_request(routing_error_response)
-        ratelimit.configure(limiter)
-        app.before_request(_adopt_host_limiter)
+        ratelimit.configure(own or service.limiter)
 
     @staticmethod
     def _models_dir(app: Flask, settings: Settings) -> Path:
@@ -101,8 +113,6 @@ class AnimeGAN:
                          prefix="animegan:cache:"),
             ttl=settings.cache_ttl, hash_size=settings.phash_size,
             max_distance=settings.phash_max_distance,
-            color_tolerance=settings.color_tolerance,
-            local_tolerance=settings.local_tolerance,
             key=secret.encode() if isinstance(secret, str) else bytes(secret or b""))
         results = ResultStore(
             open_storage(settings.storage_uri, max_bytes=settings.result_max_bytes,
@@ -121,11 +131,3 @@ class AnimeGAN:
         in each worker; call it yourself under another server)."""
         app.extensions[EXTENSION_KEY].warm_up()
 
-
-def _adopt_host_limiter() -> None:
-    """Once per app, at its first request: a Limiter the host made after AnimeGAN(app)
-    takes over our limit (see ratelimit.py)."""
-    service = get_service()
-    if not service.limiter_settled:
-        ratelimit.adopt_host_limiter(service, current_app._get_current_object())  # type: ignore[attr-defined]
-        service.limiter_settled = True

@@ -6,10 +6,12 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flask import current_app
+from flask_limiter import Limiter
 from PIL import Image
 
 from .cache.near_duplicate import NearDuplicateCache, ResultStore
@@ -21,6 +23,9 @@ from .inputs.isolation import Decoder
 from .metrics import Metrics
 from .pipeline import Conversion, Pipeline
 from .runtime.engine import MIN_SIDE, InferenceEngine
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
 
 __all__ = ["AnimeGANService", "Conversion", "get_service", "warm_up_all"]
 
@@ -34,27 +39,31 @@ _services: weakref.WeakSet[AnimeGANService] = weakref.WeakSet()
 
 
 class AnimeGANService:
-    """Everything one app needs to convert photos: engine, pipeline, stores, limits."""
+    """Everything one app needs to convert photos: engine, pipeline, stores, limits.
 
-    def __init__(self, settings: Settings, config: Any, engine: InferenceEngine,
+    ``settings`` is what the views, CSRF, client and CLI code read (never ``app.config``).
+    ``counting_limiter`` answers which flask-limiter ``Limiter`` counts this app's
+    conversions (the host app's, else ``own_limiter``, the one the extension made).
+    """
+
+    def __init__(self, settings: Settings, engine: InferenceEngine,
                  decoder: Decoder, cache: NearDuplicateCache, results: ResultStore,
-                 limiter: Any, metrics: Metrics | None = None) -> None:
+                 counting_limiter: Callable[[], Limiter], own_limiter: Limiter | None,
+                 metrics: Metrics | None = None) -> None:
         self.settings = settings
-        self._config = config  # the app's config, where ANIMEGAN_MODEL is published
         self.engine = engine
         self.decoder = decoder
         self.cache = cache
         self.results = results
         self.metrics = metrics
         self.pipeline = Pipeline(decoder, engine, quality=settings.jpeg_quality, cache=cache)
-        self.limiter: Any = None
-        self.rate_limit_headers = True  # False when the Limiter adds its own
-        self.use_limiter(limiter)
+        self._counting_limiter = counting_limiter
+        self.own_limiter = own_limiter
+        self._model: nn.Module | None = None
         self._samples: dict[str, bytes] = {}
         self._samples_lock = threading.Lock()
         self._warm_lock = threading.Lock()
         self.warmed_up = False
-        self.limiter_settled = False  # see extension._adopt_host_limiter
         _services.add(self)
 
     # settings the views and templates read
@@ -86,9 +95,23 @@ class AnimeGANService:
     def rate_limit(self) -> str:
         return self.settings.rate_limit or ""
 
-    def use_limiter(self, limiter: Any) -> None:
-        self.limiter = limiter
-        self.rate_limit_headers = not getattr(limiter, "_headers_enabled", False)
+    @property
+    def limiter(self) -> Limiter:
+        """The Limiter that counts conversions now: the host app's, whenever it was made,
+        else the extension's own."""
+        return self._counting_limiter()
+
+    @property
+    def rate_limit_headers(self) -> bool:
+        """Whether our views add the X-RateLimit-* headers: only when our own Limiter
+        counts (made with its headers off); a host's Limiter sends its own, if any."""
+        return self.own_limiter is not None and self.limiter is self.own_limiter
+
+    @property
+    def model(self) -> nn.Module | None:
+        """The default style's torch network once warmed up (None before, and when no
+        style is usable): what the engine runs; call :meth:`convert`, not the module."""
+        return self._model
 
     # -- getting ready -------------------------------------------------------------
     def warm_up(self) -> None:
@@ -103,7 +126,7 @@ class AnimeGANService:
                 return
             self.decoder.start()
             model, problem = self.engine.prepare(self.settings.warmup_size)
-            self._config["ANIMEGAN_MODEL"] = model
+            self._model = model
             if model is None:
                 log.warning("flask_animegan: the default style is not usable, conversions "
                             "will answer 503: %s", problem)

@@ -13,6 +13,7 @@ from flask_limiter.util import get_remote_address
 from PIL import Image
 
 from flask_animegan import AnimeGAN, Generator, get_service
+from flask_animegan.config import SETTINGS
 
 
 def base_app(models_dir, **config) -> Flask:
@@ -22,15 +23,20 @@ def base_app(models_dir, **config) -> Flask:
     return app
 
 
-def test_app_factory_pattern_and_model_registered_in_config(models_dir):
+def test_app_factory_pattern_and_the_model_on_the_service(models_dir):
     animegan = AnimeGAN()
     app = base_app(models_dir)
     animegan.init_app(app)
+    service = app.extensions["animegan"]
     # init_app loads nothing (CLI commands stay quick); the warm-up loads the default
-    assert app.config["ANIMEGAN_MODEL"] is None
-    assert app.extensions["animegan"].engine.status()["loaded"] == []
+    assert service.model is None
+    assert service.engine.status()["loaded"] == []
     AnimeGAN.warm_up(app)
-    assert isinstance(app.config["ANIMEGAN_MODEL"], Generator)
+    assert isinstance(service.model, Generator)
+    assert service.model is service.engine.model(None)
+    # runtime state stays out of app.config
+    assert not {key for key in app.config if key.startswith("ANIMEGAN_")} - {
+        s.name for s in SETTINGS}
     assert app.extensions["animegan"].engine.status()["loaded"][0] == "other_style"
     assert app.extensions["animegan"].engine.default_style == "other_style"
     assert app.config["ANIMEGAN_URL_PREFIX"] == "/animegan"  # defaults set on the real config
@@ -43,7 +49,7 @@ def test_without_a_warm_up_the_first_conversion_loads_the_model(models_dir):
     response = app.test_client().post("/animegan/convert", data=photo_bytes("coffee"),
                                       content_type="image/jpeg")
     assert response.status_code == 200
-    assert isinstance(app.config["ANIMEGAN_MODEL"], Generator)
+    assert isinstance(app.extensions["animegan"].model, Generator)
     assert app.extensions["animegan"].warmed_up
 
 
@@ -240,8 +246,6 @@ def test_an_unreadable_form_is_counted_and_leaves_the_limit_storage_alone(models
     client = app.test_client()
     big = {"image": (io.BytesIO(b"x" * 5000), "a.jpg")}
     assert client.post("/animegan/upload", data=big).status_code == 413
-    limiter = app.extensions["animegan"].limiter
-    assert limiter._storage_dead is False  # flask-limiter's outage flag
     statuses = [client.post("/animegan/convert", data=photo_bytes("coffee"),
                             content_type="image/jpeg").status_code for _ in range(2)]
     assert statuses == [413, 429]  # the 413 form counted: one conversion was left
@@ -267,3 +271,36 @@ def test_init_app_imports_nothing_it_does_not_need_until_the_warm_up(models_dir)
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["[]", "[]"]
+
+
+def test_a_later_host_limiter_keys_the_cache_scope_with_its_own_key_function(models_dir):
+    """The cache scope is the key the counting Limiter used (read from its public
+    ``current_limits``): here the host's, one key for two addresses, so they share."""
+    app = base_app(models_dir, ANIMEGAN_RATE_LIMIT="10 per minute")
+    AnimeGAN(app)
+    host = Limiter(lambda: "site-user-1", app=app, storage_uri="memory://")
+    client = app.test_client()
+    data = photo_bytes("coffee")
+    first = client.post("/animegan/convert", data=data, content_type="image/jpeg",
+                        environ_base={"REMOTE_ADDR": "10.0.0.1"})
+    second = client.post("/animegan/convert", data=data, content_type="image/jpeg",
+                         environ_base={"REMOTE_ADDR": "10.0.0.2"})
+    assert (first.headers["X-Cache"], second.headers["X-Cache"]) == ("MISS", "HIT")
+    assert app.extensions["animegan"].limiter is host
+    # the host's Limiter was made with its headers off: no X-RateLimit-* of ours either
+    assert "X-RateLimit-Limit" not in second.headers
+
+
+def test_the_package_reads_no_private_attribute_of_flask_limiter():
+    """Only flask-limiter's public API: a minor release may change its internals."""
+    import re
+    from pathlib import Path
+
+    import flask_animegan
+
+    private = re.compile(r"\b(limiter|host|own|existing|counted)\._[a-z]\w*")
+    for path in Path(flask_animegan.__file__).parent.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        found = private.findall(text) + re.findall(r"_key_func|_headers_enabled|_storage_dead",
+                                                   text)
+        assert not found, f"{path.name} reads flask-limiter internals: {found}"

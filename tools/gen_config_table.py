@@ -28,11 +28,14 @@ def format_default(value: Any) -> str:
 
 
 def render_table() -> str:
-    """The markdown table: one row per setting, in SETTINGS order."""
-    rows = ["| Name | Default | Meaning |", "| --- | --- | --- |"]
+    """The markdown table: one row per setting, in SETTINGS order, with the values the
+    start-up check allows."""
+    rows = ["| Name | Default | Values | Meaning |", "| --- | --- | --- | --- |"]
     for setting in SETTINGS:
         meaning = setting.meaning.replace("|", "\\|")
-        rows.append(f"| `{setting.name}` | {format_default(setting.default)} | {meaning} |")
+        allowed = setting.allowed().replace("|", "\\|")
+        rows.append(f"| `{setting.name}` | {format_default(setting.default)} | {allowed} "
+                    f"| {meaning} |")
     return "\n".join(rows)
 
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import click
 import torch
-from flask import current_app
 
 from ..errors import ConversionError
 from ..runtime.download import DownloadError, pull_style
@@ -113,7 +112,7 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
         click.echo(f"{name} is already installed at {target} (use --force to download again)")
         return
     click.echo(f"{name}: {style.description or '(no description)'}\nlicence: {style.licence}")
-    base = base_url or current_app.config["ANIMEGAN_WEIGHTS_BASE_URL"]
+    base = base_url or service.settings.weights_base_url
     progress = _DownloadProgress(f"downloading {name}")
     try:
         path = pull_style(style, service.engine.models_dir, base_url=base,

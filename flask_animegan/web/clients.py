@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
 
 from flask import current_app, request
+from flask_limiter import Limiter
+
+from ..service import get_service
+
+#: The scope of the conversions' shared limit (web/limits.py registers it).
+CONVERSIONS_SCOPE = "animegan-conversions"
 
 
 def client_address() -> str:
@@ -18,7 +23,7 @@ def client_address() -> str:
     well-formed address. Entries that are not IP addresses are refused, and the
     request is keyed on the socket's peer address instead.
     """
-    hops = current_app.config.get("ANIMEGAN_TRUSTED_PROXIES") or 0
+    hops = get_service().settings.trusted_proxies
     if hops:
         chain = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",")]
         chain = [part for part in chain if part]
@@ -32,14 +37,15 @@ def client_address() -> str:
     return request.remote_addr or "unknown"
 
 
-def client_key(limiter: object | None) -> str:
-    """The rate limit's key for this request: the host's Limiter's key function, if any."""
-    key_func: Callable[[], str] | None = getattr(limiter, "_key_func", None)
-    if key_func is not None:
-        try:
-            return str(key_func())
-        except Exception:  # noqa: BLE001 - a host key function that fails: fall back
-            pass
+def client_key(limiter: Limiter | None) -> str:
+    """The rate limit's key for this request, as ``limiter`` counted it (with the host's
+    Limiter, its key function's value); the client address when nothing counted it
+    (the limit is off) or with no limiter."""
+    if limiter is not None:
+        for counted in limiter.current_limits:
+            # request_args: [key_prefix,] the key function's value, the scope
+            if counted.shared and counted.request_args[-1] == CONVERSIONS_SCOPE:
+                return str(counted.request_args[-2])
     return client_address()
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from flask import current_app, g, request, session
 
 from ..errors import ConversionError
+from ..service import get_service
 
 SESSION_KEY = "animegan_csrf"
 FIELD = "csrf_token"
@@ -77,7 +78,7 @@ def exempt_from_host(view: Callable[..., Any]) -> None:
 
 def enabled() -> bool:
     """Whether the extension's own token is on (it is used only where Flask-WTF is not)."""
-    return bool(current_app.config.get("ANIMEGAN_CSRF") and current_app.secret_key)
+    return bool(get_service().settings.csrf and current_app.secret_key)
 
 
 def token() -> str | None:

@@ -78,10 +78,10 @@ def content_security_policy() -> str:
     that its default, written for the built-in base template, is not sent with the
     site's own layout; that layout's inline scripts and styles are the site's, and so
     is the policy that allows them."""
-    config = current_app.config
-    policy = config.get("ANIMEGAN_CONTENT_SECURITY_POLICY") or ""
+    settings = get_service().settings
+    policy = settings.content_security_policy
     if (policy == DEFAULTS["ANIMEGAN_CONTENT_SECURITY_POLICY"]
-            and config.get("ANIMEGAN_BASE_TEMPLATE") != BUILT_IN_BASE):
+            and settings.base_template != BUILT_IN_BASE):
         return ""
     return policy
 
@@ -122,7 +122,7 @@ def routing_error_response(response: Response) -> Response:
     """
     if request.routing_exception is None or request.blueprint is not None:
         return response
-    prefix = current_app.config["ANIMEGAN_URL_PREFIX"].rstrip("/")
+    prefix = get_service().settings.url_prefix.rstrip("/")
     if not (request.path == prefix or request.path.startswith(prefix + "/")):
         return response
     if response.status_code >= 400 and response.mimetype != "application/json":
