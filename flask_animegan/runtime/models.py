@@ -36,7 +36,7 @@ class LoadEvents(Protocol):
 class LoadedStyle:
     """A style ready to run: its torch network and what runs it."""
 
-    network: nn.Module  # the torch generator (``app.config["ANIMEGAN_MODEL"]`` for the default)
+    network: nn.Module  # the torch generator (``service.model`` for the default)
     runner: Runner
     fidelity_db: float | None = None  # PSNR against torch fp32 (None: it is torch fp32)
     note: str | None = None  # why it runs on another backend than the engine's choice

@@ -12,10 +12,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from ...config import BACKENDS
+
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
-BACKENDS = ("torch", "openvino")
+__all__ = ["BACKENDS", "REFERENCE", "Backend", "Choice", "Runner", "default_cache_dir",
+           "to_pixels", "weights_digest"]
 
 
 class Runner(Protocol):

@@ -14,7 +14,7 @@ from ..precision import DTYPES, native_bf16
 class TorchRunner:
     """The generator in eager mode: channels-last layout (oneDNN's fast path) in ``precision``.
 
-    The network is converted in place; it is also what ``app.config["ANIMEGAN_MODEL"]``
+    The network is converted in place; it is also what ``service.model``
     holds for the default style.
     """
 
