@@ -69,6 +69,12 @@ class AnimeGAN:
                                "init_app once per app")
         for key, default in DEFAULTS.items():
             app.config.setdefault(key, self._options.get(key, default))
+        unknown = unknown_keys(app.config)
+        if unknown:  # a mistyped key is a setting the owner believes in force: refuse it
+            key, near = sorted(unknown.items())[0]
+            raise RuntimeError(f"flask_animegan configuration error: {key} is not a setting"
+                               + (f"; did you mean {near}?" if near else
+                                  "; remove it (the settings: docs/configuration.md)"))
         try:
             settings = Settings.from_config(app.config)
             catalog = known_styles(settings.extra_styles)
@@ -76,9 +82,6 @@ class AnimeGAN:
                    else ratelimit.own_limiter(app, settings))
         except ValueError as exc:
             raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
-        for key, near in unknown_keys(app.config).items():
-            log.warning("flask_animegan: %s is not a setting and is ignored%s", key,
-                        f"; did you mean {near}?" if near else "")
 
         configure_process(settings.threads)
         metrics = Metrics() if settings.metrics else None

@@ -13,7 +13,6 @@ these apps load no model and each case takes about a millisecond.
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -278,11 +277,14 @@ def test_a_storage_flask_limiter_cannot_count_in_is_refused_at_start(tmp_path):
         build(tmp_path, ANIMEGAN_RATELIMIT_STORAGE_URI="nosuchstore://x")
 
 
-def test_an_unknown_key_is_named_with_the_likely_setting(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="flask_animegan"):
+def test_an_unknown_key_is_refused_naming_the_likely_setting(tmp_path):
+    """A mistyped key is a setting its owner believes in force (here: a stricter limit)."""
+    with pytest.raises(RuntimeError, match="ANIMEGAN_RATE_LIMITS is not a setting; did you "
+                                           "mean ANIMEGAN_RATE_LIMIT?"):
         build(tmp_path, ANIMEGAN_RATE_LIMITS="1 per minute")
-    assert any("ANIMEGAN_RATE_LIMITS is not a setting" in r.getMessage()
-               and "did you mean ANIMEGAN_RATE_LIMIT?" in r.getMessage() for r in caplog.records)
+    # removed settings are refused too, rather than silently doing nothing
+    with pytest.raises(RuntimeError, match="ANIMEGAN_LOCAL_TOLERANCE is not a setting"):
+        build(tmp_path, ANIMEGAN_LOCAL_TOLERANCE=1.75)
 
 
 def test_config_changed_after_init_app_is_not_read(tmp_path):
