@@ -26,6 +26,7 @@ from flask_animegan.runtime.engine import InferenceEngine
 from . import (
     backends,
     cache,
+    cache_rule,
     ceilings,
     memory,
     model_speed,
@@ -103,6 +104,9 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
     results["stages"] = run_section("stages", lambda: stages.measure(
         data, size=plan.stage_size, runs=plan.stage_runs, models_dir=weights.models_dir,
         style=weights.style, precision=precision, backend=backend), errors)
+    results["cache_rule"] = run_section("cache rule", lambda: cache_rule.measure(
+        quick, results["stages"].get("stages_ms", {}).get("inference"), plan.stage_size),
+        errors)
 
     logs = workdir / "logs"
     logs.mkdir()

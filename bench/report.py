@@ -155,6 +155,19 @@ def cache(results: dict[str, Any]) -> str:
               f"{section['hits_confirmed']}/{section['repeats']} HIT")
 
 
+def cache_rule(results: dict[str, Any]) -> str:
+    """Section 5b: which copies the cache's rule shares a result between (bench/cache_rule.py)."""
+    from . import cache_rule as rule
+
+    section = results.get("cache_rule", {})
+    head = "## 5b. Cache rule (in process, the real NearDuplicateCache)"
+    if not section:
+        return f"{head}\nnot measured"
+    if _error(section):
+        return f"{head}\n{_error(section)}"
+    return f"{head}\n{rule.render(section)}"
+
+
 def memory(results: dict[str, Any]) -> str:
     """Section 6: worker memory."""
     section = results["memory"]
@@ -206,7 +219,8 @@ def targets(results: dict[str, Any]) -> str:
 def render(results: dict[str, Any]) -> str:
     """The whole report as text."""
     blocks = [f"# flask-animegan benchmark{' (--quick: smoke sizes, not the real figures)' if results['quick'] else ''}"]
-    for part in (machine, model, stages, service, cache, memory, backends, targets):
+    for part in (machine, model, stages, service, cache, cache_rule, memory, backends,
+                 targets):
         blocks.append(part(results))
     blocks.append(f"Took {results['duration_s']:.0f} s.")
     return "\n\n".join(blocks)

@@ -43,6 +43,17 @@ def _backend_rows(results: dict[str, Any], key: str) -> float | None:
     return max(r[key] for r in rows) if rows else None
 
 
+def _kib(value: float | None) -> float | None:
+    return value / 1024 if value is not None else None
+
+
+def _cache_entry_kib(results: dict[str, Any]) -> float | None:
+    """What one cache entry costs beyond its result: on Redis if it ran, else in memory."""
+    redis = _get(results, "cache_rule", "redis", "redis_entry_total_over_result")
+    return _kib(redis if redis is not None
+                else _get(results, "cache_rule", "memory", "memory_entry_over_result"))
+
+
 def check(results: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per target: what it asks, the goal, the measured value and pass/miss."""
     sizes = results["plan"]["model_sizes"]
@@ -94,6 +105,20 @@ def check(results: dict[str, Any]) -> list[dict[str, Any]]:
         (f"overload: slowest 200 vs (1 + queue {queue}) x single-client p50", AT_MOST, 1.0,
          _get(results, "service", "ratios", "overload_max_200_vs_queue_bound")),
         ("cache hit vs miss latency", AT_MOST, 0.05, _get(results, "cache", "hit_vs_miss")),
+        ("cache rule: same-photo re-encodes (JPEG q70-95, +-5 % resize) that hit", AT_LEAST,
+         0.95, _get(results, "cache_rule", "reencode_hit_share")),
+        ("cache rule: visible local edits (1-5 % of the picture) on detail that hit",
+         AT_MOST, 0, _get(results, "cache_rule", "visible_detail_edit_hits")),
+        ("cache rule: visible local edits (1-5 % of the picture) at random that hit",
+         AT_MOST, 0, _get(results, "cache_rule", "visible_random_edit_hits")),
+        ("cache rule: another client's hits", AT_MOST, 0,
+         _get(results, "cache_rule", "other_client_hits")),
+        ("cache rule: bytes of an entry beyond its result (Redis MEMORY USAGE, else memory), KiB",
+         AT_MOST, 32, _cache_entry_kib(results)),
+        ("cache rule: bytes a lookup reads (the index), KiB", AT_MOST, 128,
+         _kib(_get(results, "cache_rule", "memory", "index_read_bytes"))),
+        ("cache rule: fingerprint + lookup vs inference, in process", AT_MOST, 0.05,
+         _get(results, "cache_rule", "hit_vs_inference")),
         (f"RSS growth over {results['plan']['memory_requests']} requests, %", BELOW, 5.0,
          _get(results, "memory", "rss_growth_pct")),
     ]

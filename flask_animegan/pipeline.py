@@ -19,7 +19,8 @@ from .inputs.isolation import Decoder
 from .runtime.catalog import StyleInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .cache.near_duplicate import Fingerprint, NearDuplicateCache
+    from .cache import NearDuplicateCache
+    from .cache.fingerprint import Fingerprint
     from .runtime.engine import InferenceEngine
 
 
@@ -75,7 +76,7 @@ class Pipeline:
         namespace = (scope, style.name, size, fmt)
         encoded: bytes | None = None
         if self.cache is not None:
-            fingerprint = self.cache.fingerprint(fitted, data)
+            fingerprint = self.cache.fingerprint(fitted)
             encoded = self._from_cache(namespace, fingerprint, fitted.size)
             lap("cache")
         hit = encoded is not None

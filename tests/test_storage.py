@@ -16,26 +16,26 @@ import redis
 from conftest import encode_image, photo, pixelated
 from PIL import Image
 
-from flask_animegan.cache.near_duplicate import (
+from flask_animegan.cache import (
     CachedResult,
-    IndexMember,
     NearDuplicateCache,
     ResultStore,
     StoredResult,
+)
+from flask_animegan.cache.fingerprint import GRID_BYTES
+from flask_animegan.cache.near_duplicate import (
+    IndexMember,
     decode_entry,
     decode_member,
-    decode_source,
     encode_entry,
     encode_member,
-    encode_source,
-    kept_upload,
 )
 from flask_animegan.cache.storage import MemoryStorage, open_storage
 from flask_animegan.cache.storage.memory import ITEM_OVERHEAD
 from flask_animegan.cache.storage.redis import RedisStorage
 from flask_animegan.errors import ImageTooLarge
-from flask_animegan.inputs import decoding
-from flask_animegan.inputs.decoding import without_metadata
+from flask_animegan.inputs.decoding import DecodeLimits
+from flask_animegan.inputs.isolation import Decoder
 
 PREFIX = "animegan:test:"
 SIDE = 256
@@ -51,8 +51,10 @@ def uri(request) -> str:
 
 def fitted(image: Image.Image, fmt: str = "PNG", **params) -> Image.Image:
     """What the service fingerprints: the upload as sent, decoded and fitted to SIDE."""
-    data = encode_image(image, fmt, **params)
-    return decoding.fit(decoding.decode_upload(data, decoding.DecodeLimits(max_pixels=10**8), size=SIDE), SIDE)
+    decoded = Decoder(limits=DecodeLimits(max_pixels=10**8), isolation="thread", timeout=30,
+                      slots=1, max_queue=0, queue_timeout=30).decode(
+        encode_image(image, fmt, **params), size=SIDE)
+    return getattr(decoded, "image", decoded)
 
 
 @pytest.fixture(scope="module")
@@ -183,11 +185,9 @@ def test_only_the_newest_entries_of_a_namespace_are_candidates(uri, astronaut):
 
 def corrupt_members(real: bytes) -> list[bytes]:
     """Index members that must be skipped: junk, truncated, altered, pickled, other sizes."""
-    nan_thumbnail = bytearray(real)
-    thumbnail = struct.calcsize("<4sddH16s") + 32  # after the header and a 256-bit phash
-    nan_thumbnail[thumbnail:thumbnail + 4] = struct.pack("<f", float("nan"))
-    return [b"", b"AGF2", b"\x00" * len(real), real[:-1], real + b"\x00",
-            b"XXXX" + real[4:], bytes(nan_thumbnail),
+    return [b"", b"AGF3", b"\x00" * len(real), real[:-1], real + b"\x00",
+            b"XXXX" + real[4:], b"AGF2" + real[4:],  # the format before this one
+            real[:4] + struct.pack("<d", float("nan")) + real[12:],  # a NaN creation time
             real[:12] + struct.pack("<d", -1.0) + real[20:],  # a negative aspect
             pickle.dumps(IndexMember(0.0, b"x" * 16, None)),
             np.random.default_rng(0).bytes(len(real))]
@@ -293,27 +293,25 @@ def test_bytes_stored_per_entry_on_redis(redis_server, astronaut):
     client = redis_server.client()
     namespace = ("203.0.113.7", "style", SIDE, "jpeg")
     index = f"{PREFIX}index:{cache._digest(namespace)}"
-    usage, values = {}, {}
+    usage = {}
     for name in ("original", "coffee"):
         result = np.random.default_rng(1).bytes(30_000)  # a 256 px JPEG's order of size
-        fingerprint = cache.fingerprint(astronaut[name])
-        values[name] = 30_000 + len(encode_source(fingerprint.source, fingerprint.jpeg))
-        cache.put(namespace, fingerprint, result, (SIDE, SIDE))
+        cache.put(namespace, cache.fingerprint(astronaut[name]), result, (SIDE, SIDE))
         usage[name] = client.memory_usage(index, samples=0)
     member = usage["coffee"] - usage["original"]
     entry = {name: client.memory_usage(f"{PREFIX}entry:{cache._digest(namespace)}:"
                                        f"{decode_member(blob, 16).entry_id.hex()}", samples=0)
              for name, blob in zip(("coffee", "original"), client.lrange(index, 0, -1))}
-    extra = max(entry[name] - values[name] for name in entry)
+    extra = max(entry[name] - 30_000 for name in entry)
     token = pages.add(StoredResult(result, result, "image/jpeg", "style", (SIDE, SIDE)))
     page = client.memory_usage(f"page:{token}", samples=0) - 60_000
-    print(f"\nper cache entry: its result and kept input ({values['original'] - 30_000:,} B "
-          f"for the astronaut at {SIDE} px) + up to {extra} B (key, header, allocator "
+    print(f"\nper cache entry: its result + up to {extra} B (key, header, allocator "
           f"rounding) + {member} B in its index (a first index: {usage['original']} B); "
           f"per page: its images + {page} B")
-    assert len(client.lindex(index, 0)) == 29_766
-    assert member < 33 * 1024 and usage["original"] < 33 * 1024
-    assert all(0 < entry[name] - values[name] < values[name] // 4 + 200 for name in entry)
+    assert len(client.lindex(index, 0)) == struct.calcsize("<4sddH16s") + 32 + GRID_BYTES
+    assert member <= 8 * 1024 and usage["original"] <= 8 * 1024
+    assert all(0 < entry[name] - 30_000 < 30_000 // 4 + 200 for name in entry)
+    assert extra + member <= 32 * 1024  # an entry is at most its result + 32 KiB
     assert page < 60_000 // 4 + 200
 
 
@@ -462,61 +460,15 @@ def test_a_member_round_trips_exactly(astronaut):
     assert member.created == 1.5 and member.entry_id == b"i" * 16
     again = member.fingerprint
     assert again.phash == fingerprint.phash and again.aspect == fingerprint.aspect
-    for name in ("thumbnail", "luma", "chroma", "cells"):
-        assert np.array_equal(getattr(again, name), getattr(fingerprint, name)), name
-    assert again.local_difference(fingerprint) == fingerprint.local_difference(fingerprint)
+    assert np.array_equal(again.grid, fingerprint.grid) and again.same_photo(fingerprint, 0)
 
 
-def test_an_entry_round_trips_with_its_kept_input_and_a_cut_one_never_raises(astronaut):
-    """An entry: its result, then the kept input (grid flag, grid, lossless WebP)."""
-    jpeg = decoding.decode_upload(encode_image(astronaut["original"], "JPEG", quality=90),
-                                 max_pixels=10**8, size=SIDE)
-    for image in (astronaut["original"], jpeg):
-        fingerprint = NearDuplicateCache(MemoryStorage(1), ttl=1).fingerprint(image)
-        source = encode_source(fingerprint.source, fingerprint.jpeg)
-        blob = encode_entry(b"the result", image.size, source)
-        assert decode_entry(blob) == CachedResult(b"the result", image.size, source)
-        assert decode_entry(blob).same_source(fingerprint) is (
-            True if fingerprint.jpeg is not None else None)  # no grid: nothing to prove
-        for end in range(0, len(blob), 97):  # cut anywhere: a miss or no verdict, no error
-            found = decode_entry(blob[:end])
-            assert found is None or found.same_source(fingerprint) in (None, True, False)
-    assert decode_entry(b"AGE1" + blob[4:]) is None  # the format before the kept input
-
-
-def test_an_entry_keeps_a_small_shrunk_upload_whole_and_a_cut_one_never_raises():
-    """A JPEG larger than the output (shrunk, so its fitted picture is no exact decode)
-    and small enough is kept whole before the kept input; one the output fits is not."""
-    photo_file = encode_image(photo("rocket"), "JPEG", quality=90)  # 640 px
-    cache = NearDuplicateCache(MemoryStorage(1), ttl=1)
-    shrunk = decoding.decode_upload(photo_file, decoding.DecodeLimits(max_pixels=10**8), size=SIDE)
-    fingerprint = cache.fingerprint(shrunk, photo_file)
-    assert fingerprint.upload == without_metadata(photo_file) and fingerprint.jpeg is None
-    source = encode_source(fingerprint.source, None, upload=fingerprint.upload)
-    assert kept_upload(source) == (fingerprint.upload, encode_source(fingerprint.source, None))
-    assert decode_source(source)[2] == decode_source(encode_source(fingerprint.source, None))[2]
-    blob = encode_entry(b"the result", shrunk.size, source)
-    assert decode_entry(blob).same_source(fingerprint) is True
-    for end in range(0, len(blob), 997):  # cut anywhere: a miss or no verdict, no error
-        found = decode_entry(blob[:end])
-        assert found is None or found.same_source(fingerprint) in (None, True, False)
-    small = encode_image(photo("rocket").resize((SIDE, 171)), "JPEG", quality=90)
-    exact = decoding.decode_upload(small, decoding.DecodeLimits(max_pixels=10**8), size=SIDE)
-    assert cache.fingerprint(exact, small).upload == b""  # the fitted check covers it
-    assert cache.fingerprint(shrunk, b"not an image").upload == b""
-    exif = Image.Exif()
-    exif[0x8825] = {1: "N", 2: (51.0, 30.0, 1.0)}  # GPS
-    exif[0x010F] = "CameraMaker"
-    located = encode_image(photo("rocket"), "JPEG", quality=90, exif=exif.tobytes())
-    kept = cache.fingerprint(shrunk, located).upload
-    assert kept and b"CameraMaker" not in kept and b"Exif" not in kept  # no GPS in the cache
-
-
-def test_an_input_webp_cannot_hold_is_not_kept_and_its_entry_still_stores():
-    wide = Image.new("RGB", (16_400, 2), (10, 20, 30))  # over WebP's 16,383 per side
-    assert encode_source(wide, None) == b""
-    cache = NearDuplicateCache(MemoryStorage(10**7), ttl=60)
-    fingerprint = cache.fingerprint(wide)
-    cache.put(("c", "s", 16_400, "jpeg"), fingerprint, b"result", wide.size)
-    found = cache.get(("c", "s", 16_400, "jpeg"), fingerprint)
-    assert found is not None and found.data == b"result" and found.source == b""
+def test_an_entry_round_trips_and_a_cut_one_never_raises():
+    """An entry is its header and the result: nothing of the input it was converted from."""
+    blob = encode_entry(b"the result", (SIDE, 171))
+    assert len(blob) == 16 + len(b"the result")
+    assert decode_entry(blob) == CachedResult(b"the result", (SIDE, 171))
+    for end in range(len(blob)):
+        assert decode_entry(blob[:end]) is None
+    assert decode_entry(blob + b"x") is None
+    assert decode_entry(b"AGE2" + blob[4:]) is None  # the format before this one

@@ -1,0 +1,98 @@
+"""The result pages of form uploads (post/redirect/get), under unguessable ids.
+
+A page is one value in a :mod:`flask_animegan.cache.storage` backend: a 24-byte header
+(magic, width, height, the four fields' lengths), the MIME type, the style, the input
+shown beside the result (a JPEG of the fitted input) and the result. On Redis,
+``MEMORY USAGE`` counts the two images + about 130 bytes, rounded up to jemalloc's size
+class. Explicit bytes, never pickle: data in a shared Redis must not be able to run
+code here, and a value that does not parse is no page.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import struct
+from dataclasses import dataclass
+
+from ..errors import ImageTooLarge
+from .storage import MemoryStorage, Storage
+from .storage.memory import ITEM_OVERHEAD
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
+_PAGE = struct.Struct("<4sIIHHII")  # magic, width, height, then the four fields' lengths
+_PAGE_MAGIC = b"AGP1"
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    original: bytes  # JPEG of the (fitted) input, shown beside the result
+    result: bytes
+    mimetype: str
+    style: str
+    size: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        """What keeping it costs in a ``MemoryStorage``."""
+        return len(encode_page(self)) + ITEM_OVERHEAD
+
+
+def encode_page(result: StoredResult) -> bytes:
+    mimetype, style = result.mimetype.encode(), result.style.encode()
+    return b"".join((_PAGE.pack(_PAGE_MAGIC, *result.size, len(mimetype), len(style),
+                                len(result.original), len(result.result)),
+                     mimetype, style, result.original, result.result))
+
+
+def decode_page(blob: bytes | None) -> StoredResult | None:
+    """The stored result page in ``blob``, or ``None`` if there is none or it does not parse."""
+    if not isinstance(blob, bytes) or len(blob) < _PAGE.size:
+        return None
+    magic, width, height, *lengths = _PAGE.unpack_from(blob)
+    if magic != _PAGE_MAGIC or _PAGE.size + sum(lengths) != len(blob):
+        return None
+    fields, offset = [], _PAGE.size
+    for length in lengths:
+        fields.append(blob[offset:offset + length])
+        offset += length
+    mimetype, style, original, result = fields
+    try:
+        return StoredResult(original, result, mimetype.decode(), style.decode(), (width, height))
+    except UnicodeDecodeError:
+        return None
+
+
+class ResultStore:
+    """Results of form uploads for the post/redirect/get page, under unguessable ids.
+
+    When ``storage`` cannot take a page (Redis down), the page is kept in a private
+    ``MemoryStorage`` of ``max_bytes`` instead, so the form keeps working on this
+    instance. Without ``storage``, pages live in a private ``MemoryStorage``.
+    """
+
+    def __init__(self, storage: Storage | None = None, *, ttl: float, max_bytes: int) -> None:
+        self.storage = storage if storage is not None else MemoryStorage(max_bytes)
+        self.ttl = ttl
+        self.max_bytes = max_bytes
+        self._fallback = (MemoryStorage(max_bytes) if self.storage.backend != "memory"
+                          else None)
+
+    def add(self, result: StoredResult) -> str:
+        """Keep ``result`` for ``ttl`` seconds; returns its id (192 random bits, URL-safe)."""
+        blob = encode_page(result)
+        if len(blob) + ITEM_OVERHEAD > self.max_bytes:
+            raise ImageTooLarge("the result is too large to keep for its page; choose a "
+                                "smaller size or raise ANIMEGAN_RESULT_MAX_BYTES")
+        token = secrets.token_urlsafe(24)
+        if not self.storage.set(token, blob, self.ttl) and self._fallback is not None:
+            self._fallback.set(token, blob, self.ttl)
+        return token
+
+    def get(self, token: str) -> StoredResult | None:
+        """The result kept under ``token``, or ``None`` (unknown, expired, or unreachable)."""
+        if not _TOKEN.fullmatch(token):  # not one of ours: no round trip
+            return None
+        # the fallback first: it costs no round trip, and ids are never reused
+        blob = self._fallback.get(token) if self._fallback is not None else None
+        return decode_page(blob if blob is not None else self.storage.get(token))
