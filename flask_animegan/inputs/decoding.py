@@ -45,9 +45,9 @@ _RGB_BYTES = 4
 
 
 #: A JPEG larger than the output is decoded at a reduced DCT scale no smaller than this
-#: many times the output (bench/cache_privacy.py: 12-megapixel photos resized by 5 %
-#: shared a result 31 times in 40 at 1x, 38 at 3x, 40 without reduction; decoding one
-#: takes 21, 31 and 66 ms at 256 px).
+#: many times the output (measured with the cache's earlier bench: 12-megapixel photos
+#: resized by 5 % shared a result 31 times in 40 at 1x, 38 at 3x, 40 without reduction;
+#: decoding one takes 21, 31 and 66 ms at 256 px).
 DRAFT_MARGIN = 3
 
 
@@ -127,63 +127,6 @@ def count_jpeg_scans(data: bytes) -> int:
                 break
             pos = found.start()
     return scans
-
-
-# -- metadata (only the cache's kept uploads use this; it goes with them) -------------
-# Segments a file kept in the cache loses: APP1-APP13 and APP15 (EXIF with GPS, XMP,
-# ICC, IPTC...) and comments. APP0 (JFIF) and APP14 (Adobe: says whether the data is
-# YCbCr) stay, as do PNG's chunks that make the pixels.
-_JPEG_DROPPED = frozenset({*range(0xE1, 0xEE), 0xEF, 0xFE})
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_KEPT = frozenset({b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND"})
-
-
-def without_metadata(data: bytes) -> bytes:
-    """The JPEG or PNG file ``data`` with only what makes its pixels: no EXIF (GPS), XMP,
-    IPTC, comments, text chunks, nor anything after its end (a phone's appended video).
-    The pixels decode identically. ``b""`` if ``data`` is neither or its structure is cut
-    or malformed."""
-    if data.startswith(_PNG_SIGNATURE):
-        kept, pos = [_PNG_SIGNATURE], 8
-        while pos + 12 <= len(data):
-            (length,) = struct.unpack_from(">I", data, pos)
-            kind, end = data[pos + 4:pos + 8], pos + 12 + length
-            if end > len(data):
-                return b""
-            if kind in _PNG_KEPT:
-                kept.append(data[pos:end])
-            if kind == b"IEND":
-                return b"".join(kept)
-            pos = end
-        return b""
-    if data[:2] != b"\xff\xd8":
-        return b""
-    kept, pos = [data[:2]], 2
-    while pos + 2 <= len(data):
-        if data[pos] != 0xFF:
-            return b""
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == _EOI:
-            kept.append(data[pos:pos + 2])
-            return b"".join(kept)
-        if marker in _STANDALONE or marker == _SOI or pos + 4 > len(data):
-            return b""  # none belongs between segments here
-        (length,) = struct.unpack_from(">H", data, pos + 2)
-        end = pos + 2 + length
-        if length < 2 or end > len(data):
-            return b""
-        if marker == _SOS:  # its entropy-coded data runs to the next marker
-            found = _NEXT_MARKER.search(data, end)
-            if found is None:
-                return b""
-            end = found.start()
-        if marker not in _JPEG_DROPPED:
-            kept.append(data[pos:end])
-        pos = end
-    return b""
 
 
 # -- the decode ------------------------------------------------------------------------
