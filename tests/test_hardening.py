@@ -180,7 +180,9 @@ def test_the_default_style_is_fixed_at_startup_and_each_model_keeps_its_name(mak
     assert paprika.data != default.data  # its own weights, not the default's
     health = client.get("/animegan/healthz").json
     assert health["default_style"] == "toon_demo" and health["loaded"][0] == "toon_demo"
-    assert app.config["ANIMEGAN_MODEL"] is app.extensions["animegan"].engine.model(None)
+    service = app.extensions["animegan"]
+    assert service.model is service.engine.model(None)  # runtime state, not in app.config
+    assert "ANIMEGAN_MODEL" not in app.config
 
 
 def test_style_names_must_match_in_full(make_app, tmp_path, caplog):
