@@ -21,11 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import re
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,8 +42,6 @@ from .report import num, table
 from .service import ours_env
 from .timing import median, ratio
 
-NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 DEFAULT_OUT = REPO / "bench" / "results" / "scale_out.json"
 
 
@@ -68,72 +61,17 @@ QUICK = ScalePlan(size=128, clients=2, per_client=1, hit_repeats=2)
 
 @contextlib.contextmanager
 def nginx(upstream_ports: Sequence[int], folder: Path) -> Iterator[str]:
-    """deploy/nginx.conf with only its listen and upstream lines changed (as
-    tests/nginx_server.py does), in a minimal main config; yields its URL."""
-    if not Path(NGINX).exists():
-        raise RuntimeError("nginx is not installed (apt-get install nginx)")
-    folder.mkdir(parents=True, exist_ok=True)
-    port = servers.free_port()
-    site = (REPO / "deploy" / "nginx.conf").read_text()
-    site = re.sub(r"^(\s*)listen\s+[^;]+;", rf"\g<1>listen 127.0.0.1:{port};", site,
-                  count=1, flags=re.MULTILINE)
-    upstreams = list(re.finditer(r"^(\s*)server\s+127\.0\.0\.1:\d+(\s[^;]*)?;.*\n", site,
-                                 re.MULTILINE))
-    first = upstreams[0]
-    ours = "".join(f"{first.group(1)}server 127.0.0.1:{p}{first.group(2) or ''};\n"
-                   for p in upstream_ports)
-    (folder / "site.conf").write_text(site[:first.start()] + ours + site[upstreams[-1].end():])
-    temp_paths = " ".join(f"{kind}_temp_path {folder / kind};"
-                          for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    (folder / "nginx.conf").write_text(
-        ("user root;\n" if os.geteuid() == 0 else "")
-        + f"worker_processes 1; pid {folder / 'nginx.pid'}; error_log {folder / 'error.log'};\n"
-        f"events {{ worker_connections 512; }}\n"
-        f"http {{ access_log off; {temp_paths} include {folder / 'site.conf'}; }}\n")
-    process = subprocess.Popen([NGINX, "-p", str(folder), "-e", str(folder / "error.log"),
-                                "-c", str(folder / "nginx.conf"), "-g", "daemon off;"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        _wait_for_port(port, process, folder / "error.log")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(10)
+    """deploy/nginx.conf with only its listen and upstream lines changed, no access log;
+    yields its URL."""
+    with servers.NginxServer(folder, upstream_ports, access_log=False) as server:
+        yield server.url
 
 
 @contextlib.contextmanager
 def redis_server(folder: Path) -> Iterator[str]:
     """redis-server with deploy/redis.conf on a free loopback port; yields its URI."""
-    if not Path(REDIS_SERVER).exists():
-        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-    folder.mkdir(parents=True, exist_ok=True)
-    port = servers.free_port()
-    config = (REPO / "deploy" / "redis.conf").read_text()
-    config = re.sub(r"^bind .*$", "bind 127.0.0.1", config, flags=re.MULTILINE)
-    config = re.sub(r"^port \d+$", f"port {port}", config, flags=re.MULTILINE)
-    (folder / "redis.conf").write_text(config + f"\ndir {folder}\n")
-    with (folder / "redis.log").open("w") as log:
-        process = subprocess.Popen([REDIS_SERVER, str(folder / "redis.conf")], stdout=log,
-                                   stderr=subprocess.STDOUT)
-    try:
-        _wait_for_port(port, process, folder / "redis.log")
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-def _wait_for_port(port: int, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 10
-    while process.poll() is None and time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"{Path(process.args[0]).name} did not start: "
-                       f"{log.read_text(errors='replace')[-2000:] if log.exists() else ''}")
+    with servers.RedisServer(folder, shipped=True) as server:
+        yield server.uri
 
 
 # --- throughput through nginx ---------------------------------------------------------------------

@@ -65,6 +65,7 @@ def sized(name: str, size: str) -> Image.Image:
     return image.resize((width, height), Image.Resampling.LANCZOS)
 
 
+@pytest.mark.slow  # converts and compiles each candidate, ~20 s each
 @pytest.mark.parametrize("backend, precision", CANDIDATES,
                          ids=[f"{b}-{p}" for b, p in CANDIDATES])
 def test_each_backend_and_precision_stays_within_40_db_of_torch_fp32(backend, precision,
@@ -86,6 +87,7 @@ def test_each_backend_and_precision_stays_within_40_db_of_torch_fp32(backend, pr
             assert value >= 40, (name, size, value)
 
 
+@pytest.mark.slow  # compiles OpenVINO models
 def test_openvino_threads_follow_torch_and_shapes_never_recompile(model_cache):
     need(HAVE_OPENVINO, NEED_OPENVINO)
     engine = shipped_engine("openvino", "fp32", model_cache)
@@ -98,11 +100,13 @@ def test_openvino_threads_follow_torch_and_shapes_never_recompile(model_cache):
     assert engine.runner() is runner and runner.compiled is engine.runner().compiled
 
 
+@pytest.mark.slow  # times every backend and precision at warm-up
 def test_auto_picks_the_fastest_candidate_and_says_so(make_app, model_cache, caplog):
     need(HAVE_OPENVINO, NEED_OPENVINO)
     with caplog.at_level(logging.INFO, logger="flask_animegan"):
         app = make_app(ANIMEGAN_MODEL_CACHE_DIR=str(model_cache), ANIMEGAN_SHIPPED_STYLES=False,
-                       ANIMEGAN_DEFAULT_STYLE="test_style", ANIMEGAN_BACKEND="auto")
+                       ANIMEGAN_DEFAULT_STYLE="test_style", ANIMEGAN_BACKEND="auto",
+                       ANIMEGAN_PRECISION="auto")
     health = app.test_client().get("/animegan/healthz").json
     timings = health["backend_timings"]
     assert {"torch fp32", "openvino fp32"} <= set(timings)
@@ -124,6 +128,7 @@ def test_auto_picks_the_fastest_candidate_and_says_so(make_app, model_cache, cap
         assert health["fidelity_db"]["other_style"] >= 40
 
 
+@pytest.mark.slow  # compiles OpenVINO models
 def test_a_candidate_below_the_guard_is_refused_and_shown(make_app, model_cache, monkeypatch):
     need(HAVE_OPENVINO, NEED_OPENVINO)
     monkeypatch.setattr("flask_animegan.runtime.engine.MIN_PSNR_DB", 1000.0)  # nothing reaches it
@@ -169,6 +174,7 @@ def start_app(models_dir: Path, cache: Path, *settings: str,
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
+@pytest.mark.slow  # an app in a fresh interpreter each
 @pytest.mark.parametrize("requested", ["auto", "openvino"])
 def test_without_the_openvino_extra_the_app_runs_on_torch(models_dir, tmp_path, requested):
     health, log = start_app(models_dir, tmp_path, f"ANIMEGAN_BACKEND={requested}",
@@ -183,6 +189,7 @@ def test_without_the_openvino_extra_the_app_runs_on_torch(models_dir, tmp_path, 
     assert list(tmp_path.iterdir()) == []  # nothing cached without openvino
 
 
+@pytest.mark.slow  # two apps in fresh interpreters
 def test_the_openvino_cache_survives_a_restart(models_dir, tmp_path):
     need(HAVE_OPENVINO, NEED_OPENVINO)
     settings = ("ANIMEGAN_BACKEND=openvino", "ANIMEGAN_PRECISION=fp32")
@@ -224,6 +231,7 @@ def test_openvino_buffers_go_back_once_idle(model_cache, monkeypatch):
     assert released == [True]  # once, after the last one
 
 
+@pytest.mark.slow  # compiles, then converts in two apps at once
 def test_two_apps_share_a_compiled_style_and_release_while_the_other_converts(model_cache):
     """Engines of one process share a style's compiled model, each behind its own gate:
     one giving its buffers back while the other converts must not fail either."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, need
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.bench, pytest.mark.server]
 
 SECTIONS = ("machine", "weights", "ceilings", "model", "stages", "service", "cache", "memory",
             "targets")

@@ -252,9 +252,9 @@ def test_convert_rejects_a_size_above_max_side(app: Flask, inputs: tuple[Path, P
 
 # -- export -------------------------------------------------------------------------
 
-def test_export_writes_torchscript_that_converts_like_the_style(make_app: Callable[..., Flask],
+def test_export_writes_torchscript_that_converts_like_the_style(app: Flask,
+                                                                  make_app: Callable[..., Flask],
                                                                   tmp_path: Path) -> None:
-    app = make_app()
     target = tmp_path / "exported" / "test_style_ts.ts"
     result = invoke(app, "export", "test_style", "--torchscript", str(target))
     assert result.exit_code == 0, result.output

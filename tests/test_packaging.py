@@ -29,6 +29,8 @@ from conftest import REPO, need
 
 from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
 
+pytestmark = pytest.mark.packaging
+
 SHIPPED_FILES = ("toon_demo.pt", "toon_demo.json", "LICENSE", "README.md",
                  "toon_demo_samples.jpg")
 

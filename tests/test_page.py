@@ -11,7 +11,7 @@ from conftest import open_image, photo_bytes
 
 
 def test_the_style_picker_shows_a_sample_of_each_style_made_at_startup(make_app):
-    app = make_app()
+    app = make_app(ANIMEGAN_SAMPLE_SIZE=128)  # the tests' config has samples off
     service = app.extensions["animegan"]
     assert sorted(service._samples) == ["other_style", "test_style"]  # made by init_app
     client = app.test_client()
@@ -28,14 +28,15 @@ def test_the_style_picker_shows_a_sample_of_each_style_made_at_startup(make_app)
         samples[name] = np.asarray(image, np.float32)
     # each sample is its own style's work, not one picture served twice
     assert np.abs(samples["test_style"] - samples["other_style"]).mean() > 5
-
-
-def test_samples_can_be_turned_off_and_unknown_styles_have_none(make_app):
-    client = make_app(ANIMEGAN_SAMPLE_SIZE=0).test_client()
-    assert "sample.jpg" not in client.get("/animegan/").get_data(as_text=True)
-    assert client.get("/animegan/styles/test_style/sample.jpg").status_code == 404
-    unknown = make_app().test_client().get("/animegan/styles/nope/sample.jpg")
+    unknown = client.get("/animegan/styles/nope/sample.jpg")
     assert unknown.status_code == 404 and "not installed" in unknown.json["error"]
+
+
+def test_samples_can_be_turned_off(client):
+    # the tests' config has ANIMEGAN_SAMPLE_SIZE=0
+    assert "sample.jpg" not in client.get("/animegan/").get_data(as_text=True)
+    off = client.get("/animegan/styles/test_style/sample.jpg")
+    assert off.status_code == 404 and "ANIMEGAN_SAMPLE_SIZE" in off.json["error"]
 
 
 def test_the_form_offers_sizes_up_to_the_maximum_and_every_format(make_app):
@@ -83,8 +84,7 @@ def test_with_a_secret_key_the_form_needs_its_csrf_token(make_app):
     assert api.status_code == 200
 
 
-def test_without_a_secret_key_there_is_no_token(make_app):
-    client = make_app().test_client()
+def test_without_a_secret_key_there_is_no_token(make_app, client):
     assert "csrf_token" not in client.get("/animegan/").get_data(as_text=True)
     assert _upload(client).status_code == 303
     off = make_app(SECRET_KEY="s", ANIMEGAN_CSRF=False).test_client()
@@ -112,10 +112,9 @@ def test_the_page_is_for_visitors_the_admin_commands_show_in_debug_mode_only(mak
     assert "flask animegan pull paprika" in html and "shows only in debug mode" in html
 
 
-def test_the_face_note_shows_only_when_a_face_style_is_installed(make_app, models_dir,
+def test_the_face_note_shows_only_when_a_face_style_is_installed(make_app, client, models_dir,
                                                                  tmp_path):
-    assert "animegan-face-note" not in make_app().test_client().get(
-        "/animegan/").get_data(as_text=True)
+    assert "animegan-face-note" not in client.get("/animegan/").get_data(as_text=True)
     shutil.copy(models_dir / "test_style.pt", tmp_path / "test_style.pt")
     shutil.copy(models_dir / "other_style.pt", tmp_path / "face_paint_512_v2.pt")
     html = make_app(ANIMEGAN_MODELS_DIR=str(tmp_path),

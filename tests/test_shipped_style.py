@@ -38,6 +38,7 @@ def test_the_shipped_file_is_a_half_precision_state_dict_that_loads_strictly():
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+@pytest.mark.slow  # the shipped style at 512 px in two precisions, per photo
 @pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bf16")
 @pytest.mark.parametrize("name", ["astronaut", "coffee", "chelsea", "rocket"])
 def test_bf16_stays_within_40_db_of_fp32_on_real_photos(name):
@@ -52,6 +53,7 @@ def test_bf16_stays_within_40_db_of_fp32_on_real_photos(name):
     assert value >= 40
 
 
+@pytest.mark.server
 def test_a_fresh_clone_serves_the_shipped_style_by_default(tmp_path):
     """The README's serve command with no configuration: toon_demo converts a real photo."""
     server = Server({"ANIMEGAN_ACCESS_LOG": ""}, log=tmp_path / "gunicorn.log")

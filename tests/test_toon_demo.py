@@ -26,6 +26,9 @@ from flask_animegan.service import SAMPLE_PHOTO
 sys.path.insert(0, str(REPO))
 from tools import toon_style  # noqa: E402
 
+# recomputes the model card's figures with the shipped style on held-out photos at 512 px
+pytestmark = pytest.mark.slow
+
 ARTIFACTS = REPO / "artifacts" / "screenshots"
 #: how far a recomputed figure may be from the model card's
 TOLERANCE = {"edge": 0.03, "saturation": 0.03, "psnr_db": 0.4,
@@ -111,7 +114,8 @@ def test_the_model_card_quotes_the_figures(card):
 def test_the_style_pickers_sample_is_recognisable_at_128_px(make_app):
     """The 128-px card is made at 256 px and scaled down, so its lines and regions survive:
     its edges fall where the photo's do, and it keeps more detail than a blur would."""
-    app = make_app(ANIMEGAN_SHIPPED_STYLES=True, ANIMEGAN_DEFAULT_STYLE="toon_demo")
+    app = make_app(ANIMEGAN_SHIPPED_STYLES=True, ANIMEGAN_DEFAULT_STYLE="toon_demo",
+                   ANIMEGAN_SAMPLE_SIZE=128)
     response = app.test_client().get("/animegan/styles/toon_demo/sample.jpg")
     assert response.status_code == 200
     sample = open_image(response.data)

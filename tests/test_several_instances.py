@@ -20,7 +20,6 @@ import re
 import signal
 import socket
 import statistics
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,15 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import redis
 import requests
-from conftest import REPO, free_port, need, photo_bytes
-from nginx_server import NginxServer
-from redis_server import REDIS_SERVER, RedisServer
+from conftest import free_port, photo_bytes
 from requests.adapters import HTTPAdapter
-from servers import Server, Trickle, child_pids
+from servers import NginxServer, RedisServer, Server, Trickle, child_pids
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.nginx, pytest.mark.redis]
 
 LIMIT = "5 per minute"
 PHOTO = photo_bytes("coffee")
@@ -471,30 +467,11 @@ def test_metrics_through_nginx_only_for_this_host(single):
 # --- the shipped Redis settings -------------------------------------------------------------------
 
 def test_the_shipped_redis_settings_evict_by_lru_and_keep_nothing_on_disk(tmp_path):
-    need(Path(REDIS_SERVER).exists(), "redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    config = (REPO / "deploy" / "redis.conf").read_text()
-    config = re.sub(r"^bind .*$", "bind 127.0.0.1", config, flags=re.MULTILINE)
-    config = re.sub(r"^port \d+$", f"port {port}", config, flags=re.MULTILINE)
-    (tmp_path / "redis.conf").write_text(config + f"\ndir {tmp_path}\n")
-    with (tmp_path / "redis.log").open("w") as log:
-        process = subprocess.Popen([REDIS_SERVER, str(tmp_path / "redis.conf")], stdout=log,
-                                   stderr=subprocess.STDOUT)
-    try:
-        client = redis.Redis(port=port, socket_timeout=1)
-        wait_until(lambda: _pings(client), 10, "redis-server")
+    with RedisServer(tmp_path, shipped=True) as server:  # deploy/redis.conf on a free port
+        client = server.client()
         settings = {name: client.config_get(name)[name]
                     for name in ("maxmemory-policy", "save", "appendonly", "maxmemory")}
         assert settings["maxmemory-policy"] == "allkeys-lru"
         assert settings["save"] == "" and settings["appendonly"] == "no"
         assert int(settings["maxmemory"]) > 0
-    finally:
-        process.kill()
-        process.wait()
 
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
