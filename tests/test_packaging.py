@@ -184,7 +184,7 @@ Settings.from_config({})
 assert from_environ({"ANIMEGAN_MAX_SIDE": "384"}) == {"ANIMEGAN_MAX_SIDE": 384}
 photo = io.BytesIO()
 Image.new("RGB", (300, 200), (200, 120, 40)).save(photo, "JPEG")
-image = decode_upload(photo.getvalue(), DecodeLimits(), size=150)
+image = decode_upload(photo.getvalue(), DecodeLimits(), size=150).image
 assert image.mode == "RGB" and image.size == (150, 100), image.size
 assert "torch" not in sys.modules and "flask" not in sys.modules
 print(flask_animegan.__file__)
