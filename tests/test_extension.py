@@ -6,7 +6,7 @@ import io
 import logging
 
 import pytest
-from conftest import photo, photo_bytes
+from conftest import TEST_CONFIG, photo, photo_bytes
 from flask import Flask, current_app
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
@@ -18,8 +18,9 @@ from flask_animegan.config import SETTINGS
 
 def base_app(models_dir, **config) -> Flask:
     app = Flask("host")
-    app.config.update({"ANIMEGAN_MODELS_DIR": str(models_dir), "ANIMEGAN_WARMUP_SIZE": 32,
-                       "ANIMEGAN_MAX_SIDE": 128, **config})
+    # the suite's fast settings (torch fp32, no samples, only the test styles)
+    fast = {key: value for key, value in TEST_CONFIG.items() if key.startswith("ANIMEGAN_")}
+    app.config.update({**fast, "ANIMEGAN_MODELS_DIR": str(models_dir), **config})
     return app
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import need, open_image, photo_bytes
+from conftest import TEST_CONFIG, need, open_image, photo_bytes
 from flask import Flask
 from host_site import create_app
 
@@ -47,9 +47,9 @@ def site(models_dir: Path) -> Callable[..., Flask]:
     """create_app with the seeded test styles, small images and no conversion limit."""
 
     def make(**options: object) -> Flask:
-        options.setdefault("ANIMEGAN_MAX_SIDE", 128)
-        options.setdefault("ANIMEGAN_RATE_LIMIT", "")
-        return create_app(models_dir, **options)
+        # the suite's fast settings (torch fp32, no samples, only the test styles)
+        fast = {key: value for key, value in TEST_CONFIG.items() if key.startswith("ANIMEGAN_")}
+        return create_app(models_dir, **{**fast, **options})
 
     return make
 
