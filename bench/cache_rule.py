@@ -91,8 +91,7 @@ _DECODER = Decoder(limits=DecodeLimits(max_pixels=10**8), isolation="thread", ti
 
 def fitted(data: bytes, size: int) -> Image.Image:
     """What the service fingerprints: the upload decoded and fitted to ``size``."""
-    result: Any = _DECODER.decode(data, size=size)
-    return result.image if hasattr(result, "image") else result
+    return _DECODER.decode(data, size=size).image
 
 
 def resized(image: Image.Image, factor: float) -> Image.Image:

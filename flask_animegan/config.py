@@ -251,8 +251,9 @@ class Settings:
         low=0, high=30 * DAY)
     cache_max_bytes: int = _setting(
         64 * 1024 * 1024, int,
-        'Byte budget of the result cache (least recently used results are evicted first); '
-        'what an entry holds is in docs/http-api.md; 0: no cache in memory.',
+        'Byte budget of the in-memory result cache (least recently used results are evicted '
+        'first); an entry holds its result and a 4 KiB fingerprint of the fitted input, '
+        'never the upload (docs/http-api.md); 0: no cache in memory.',
         low=0, high=64 * GiB)
     phash_size: int = _setting(
         16, int,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Flask
 
-from .cache.near_duplicate import NearDuplicateCache, ResultStore
+from .cache import NearDuplicateCache, ResultStore
 from .cache.storage import open_storage
 from .config import DEFAULTS, AnimeGANOptions, Settings, unknown_keys
 from .inputs.isolation import Decoder

@@ -14,7 +14,7 @@ from flask import current_app
 from flask_limiter import Limiter
 from PIL import Image
 
-from .cache.near_duplicate import NearDuplicateCache, ResultStore
+from .cache import NearDuplicateCache, ResultStore
 from .config import OUTPUT_FORMATS, Settings
 from .errors import BadParameter, ConversionError
 from .inputs.decoding import fit

@@ -209,9 +209,3 @@ class NearDuplicateCache:
         text = json.dumps(list(namespace), separators=(",", ":"), default=str)
         return hashlib.blake2b(text.encode(), key=self._key, digest_size=16).hexdigest()
 
-
-# extension.py, service.py and web/views.py still import these from here; once they
-# import from flask_animegan.cache, these lines go
-from .results import ResultStore, StoredResult
-
-__all__ = ["CachedResult", "NearDuplicateCache", "ResultStore", "StoredResult"]

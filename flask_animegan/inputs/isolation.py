@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..config import Settings
+from ..config import ISOLATIONS, Settings
 from ..errors import (
     BadImage,
     ConversionError,
@@ -43,7 +43,6 @@ from . import decoding
 from .decoding import DecodedUpload, DecodeLimits
 from .helper import FRAME, upload_of
 
-ISOLATIONS = ("process", "thread")
 _ERRORS: dict[str, type[ConversionError]] = {
     cls.__name__: cls for cls in (BadImage, ImageTooLarge, UnsupportedImage)}
 

@@ -28,7 +28,7 @@ from markupsafe import escape
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from werkzeug.wrappers import Response as BaseResponse
 
-from ..cache.near_duplicate import StoredResult
+from ..cache import StoredResult
 from ..config import DEFAULTS, OUTPUT_FORMATS
 from ..errors import BadImage, ConversionError, UnsupportedImage
 from ..inputs.formats import encode

@@ -7,13 +7,11 @@
 
 from __future__ import annotations
 
+from ...config import REDIS_SCHEMES, STORAGE_SCHEMES
 from .base import Storage
 from .memory import MemoryStorage
 
 __all__ = ["MemoryStorage", "Storage", "open_storage"]
-
-REDIS_SCHEMES = ("redis", "rediss", "unix")
-SCHEMES = ("memory", *REDIS_SCHEMES)
 
 
 def open_storage(uri: str, *, max_bytes: int, prefix: str) -> Storage:
@@ -36,4 +34,4 @@ def open_storage(uri: str, *, max_bytes: int, prefix: str) -> Storage:
         return RedisStorage(uri, prefix=prefix)
     # only the scheme: the rest of a URI may hold a password
     raise ValueError(f"unsupported storage URI scheme {scheme!r}: use one of "
-                     + ", ".join(f"{name}://" for name in SCHEMES))
+                     + ", ".join(f"{name}://" for name in STORAGE_SCHEMES))
