@@ -370,3 +370,27 @@ def test_format_is_part_of_the_key(client):
     assert response.headers["X-Cache"] == "MISS"
     assert open_image(response.data).format == "WEBP"
     assert io.BytesIO(response.data).read(4) == b"RIFF"
+
+
+# -- cache scope ---------------------------------------------------------------------------
+def convert(client, data: bytes, **kwargs):
+    return client.post("/animegan/convert", data=data, content_type="image/jpeg", **kwargs)
+
+
+def test_the_cache_is_scoped_to_the_client_by_default(make_app):
+    client = make_app().test_client()
+    data = photo_bytes("astronaut")
+    a = {"environ_base": {"REMOTE_ADDR": "10.0.0.1"}}
+    b = {"environ_base": {"REMOTE_ADDR": "10.0.0.2"}}
+    assert convert(client, data, **a).headers["X-Cache"] == "MISS"
+    assert convert(client, data, **a).headers["X-Cache"] == "HIT"
+    assert convert(client, data, **b).headers["X-Cache"] == "MISS"
+
+
+def test_a_global_cache_is_an_opt_in(make_app):
+    client = make_app(ANIMEGAN_CACHE_SCOPE="global").test_client()
+    data = photo_bytes("astronaut")
+    assert convert(client, data, environ_base={"REMOTE_ADDR": "10.0.0.1"}).headers[
+        "X-Cache"] == "MISS"
+    assert convert(client, data, environ_base={"REMOTE_ADDR": "10.0.0.2"}).headers[
+        "X-Cache"] == "HIT"

@@ -10,7 +10,7 @@ names a body that can be rebuilt exactly. The classes:
   broken headers, extreme shapes, a progressive-JPEG scan bomb) and odd sample formats.
 
 At the end, how to send a body through each transport and what a correct answer looks
-like. Used by ``tests/test_upload_classes.py`` and ``tools/upload_census.py``.
+like. Used by ``tests/test_upload_transports.py`` and ``tools/upload_census.py``.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from upload_variants import GROUPS, TRANSPORTS, contract_violation, post, varian
 import flask_animegan  # noqa: E402
 
 MAX_SIDE = 64
-#: As in tests/test_upload_classes.py: prefixes and bit flips are converted at 16 px.
+#: As in tests/test_upload_transports.py: prefixes and bit flips are converted at 16 px.
 DERIVED_SIZE = 16
 COLUMNS = ("200", "303", "400", "413", "415", "other", "5xx")
 

@@ -1,0 +1,203 @@
+"""The decode budgets through every entry point: JPEG scan limits, the decode gate and its
+helper processes (time and memory), byte, area and aspect budgets, odd pixel formats."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import pytest
+import torch
+from conftest import encode_image, open_image, photo_bytes
+from PIL import Image
+
+from flask_animegan.errors import ImageTooLarge, Overloaded
+from flask_animegan.inputs.decoding import DecodeLimits, count_jpeg_scans
+from flask_animegan.inputs.isolation import DecodeGate, Decoder
+
+
+def convert(client, data: bytes, query: str = "", **kwargs):
+    return client.post(f"/animegan/convert{query}", data=data, content_type="image/jpeg",
+                       **kwargs)
+
+
+def progressive_jpeg(size=(2000, 1500), extra_scans: int = 0) -> bytes:
+    """A progressive gray JPEG whose last scan is repeated ``extra_scans`` times."""
+    buffer = io.BytesIO()
+    Image.new("L", size, 128).save(buffer, "JPEG", progressive=True)
+    data = buffer.getvalue()
+    last, eoi = data.rfind(b"\xff\xda"), data.rfind(b"\xff\xd9")
+    return data[:eoi] + data[last:eoi] * extra_scans + data[eoi:]
+
+
+# -- JPEG scans ---------------------------------------------------------------------------
+# -- JPEG scans ---------------------------------------------------------------------------
+def test_scan_count_of_real_files():
+    assert count_jpeg_scans(photo_bytes("astronaut")) == 1  # baseline
+    progressive = count_jpeg_scans(photo_bytes("astronaut", progressive=True))
+    assert 6 <= progressive <= 12  # libjpeg's standard progression
+    assert count_jpeg_scans(progressive_jpeg(extra_scans=1000)) > 1000
+
+
+def test_scans_inside_an_exif_thumbnail_are_not_counted():
+    # an EXIF block full of SOS marker bytes is skipped by its length
+    exif = Image.Exif()
+    exif[0x9286] = b"ASCII\x00\x00\x00" + b"\xff\xda" * 5000  # UserComment
+    data = photo_bytes("coffee", exif=exif.tobytes())
+    assert count_jpeg_scans(data) == 1
+
+
+def test_a_scan_bomb_is_refused_before_decoding(client):
+    bomb = progressive_jpeg(size=(4000, 2500), extra_scans=1000)
+    started = time.perf_counter()
+    response = convert(client, bomb)
+    assert response.status_code == 413 and "scans" in response.json["error"]
+    assert time.perf_counter() - started < 2  # decoding it would take tens of seconds
+
+
+# -- the decode's budgets -------------------------------------------------------------------
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_decoders_agree_on_real_photos(isolation):
+    decoder = Decoder(limits=DecodeLimits(), isolation=isolation, timeout=10, slots=1,
+                      max_queue=1, queue_timeout=10)
+    reference = Decoder(limits=DecodeLimits(), isolation="thread", timeout=10, slots=1,
+                        max_queue=1, queue_timeout=10)
+    for name, fmt in (("astronaut", "JPEG"), ("coffee", "PNG"), ("chelsea", "WEBP")):
+        data = photo_bytes(name, fmt)
+        a, b = decoder.decode(data, size=96), reference.decode(data, size=96)
+        assert (a.source_size, a.format) == (b.source_size, b.format)
+        assert a.image.mode == "RGB" and a.image.size == b.image.size
+        assert a.image.tobytes() == b.image.tobytes()
+
+
+def test_a_decode_past_its_time_budget_is_killed_and_the_helper_replaced():
+    decoder = Decoder(limits=DecodeLimits(max_scans=10_000), isolation="process", timeout=0.5,
+                      slots=1, max_queue=1, queue_timeout=10)
+    slow = progressive_jpeg(size=(4000, 2500), extra_scans=300)  # about 5 s of decoding
+    killed = decoder.pool.killed
+    started = time.perf_counter()
+    with pytest.raises(ImageTooLarge, match="took more than 0.5 s"):
+        decoder.decode(slow, size=64)
+    assert time.perf_counter() - started < 3
+    assert decoder.pool.killed == killed + 1
+    assert decoder.decode(photo_bytes(), size=64).image.size == (64, 43)  # a fresh helper
+
+
+def test_a_decode_past_its_memory_budget_fails_in_the_helper_not_the_server():
+    from dataclasses import asdict
+
+    from flask_animegan.inputs.isolation import HelperPool
+
+    big = encode_image(Image.effect_noise((3000, 3000), 64).convert("RGB"), "PNG")
+    pool = HelperPool()
+    helper = pool.take()
+    try:
+        # the header check is lifted (max_bytes 1 GiB) to reach the address-space
+        # limit the helper sets itself: 16 MiB for a 36 MB decode
+        header = {"size": 64, "square": False, "memory": 16 << 20,
+                  "limits": asdict(DecodeLimits(max_bytes=1 << 30))}
+        answer, _ = helper.request(header, big, timeout=30)
+        assert not answer["ok"] and answer["error"] == "ImageTooLarge", answer
+        header["memory"] = 256 << 20  # the same helper goes on working
+        answer, pixels = helper.request(header, big, timeout=30)
+        assert answer["ok"] and len(pixels) == answer["width"] * answer["height"] * 3
+    finally:
+        pool.discard(helper)
+
+
+def test_byte_budget_counts_bit_depth_and_bands(make_app):
+    client = make_app(ANIMEGAN_MAX_DECODE_BYTES=10 << 20).test_client()
+    # 1400 x 1400: 8-bit gray needs 9.4 MiB with its RGB copy, 16-bit 11.2 MiB
+    gray8 = Image.new("L", (1400, 1400), 100)
+    gray16 = Image.new("I;16", (1400, 1400), 30000)
+    assert convert(client, encode_image(gray8, "PNG")).status_code == 200
+    response = convert(client, encode_image(gray16, "PNG"))
+    assert response.status_code == 413 and "MiB" in response.json["error"]
+
+
+@pytest.mark.parametrize("size", [(1, 4000), (4000, 1), (30, 1000)])
+def test_extreme_aspect_ratios_are_refused(client, size):
+    response = convert(client, encode_image(Image.new("L", size, 9), "PNG"))
+    assert response.status_code == 413 and "times the other" in response.json["error"]
+
+
+def test_the_decode_gate_bounds_concurrency_and_answers_503_when_full():
+    gate = DecodeGate(slots=1)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold():
+        with gate.slot(max_queue=0, queue_timeout=5):
+            entered.set()
+            release.wait(5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait(5)
+    with pytest.raises(Overloaded) as refused, gate.slot(max_queue=0, queue_timeout=5):
+        pass
+    assert refused.value.retry_after >= 1
+    with pytest.raises(Overloaded, match="timed out"), gate.slot(max_queue=1,
+                                                                 queue_timeout=0.2):
+        pass
+    release.set()
+    holder.join()
+    with gate.slot(max_queue=0, queue_timeout=1):
+        pass  # free again
+
+
+def test_float_images_are_scaled_by_their_range(client):
+    ramp = torch.linspace(0, 1, 64 * 48).reshape(48, 64).numpy().astype("float32")
+    response = convert(client, encode_image(Image.fromarray(ramp, "F"), "TIFF"))
+    assert response.status_code == 200
+    gray = open_image(response.data).convert("L")
+    assert gray.getextrema()[1] > 100  # not black: [0, 1] maps to [0, 255]
+
+
+def test_a_gif_whose_screen_dwarfs_its_frame_is_refused(client):
+    import struct
+
+    def gif(screen: tuple[int, int]) -> bytes:
+        return (b"GIF89a" + struct.pack("<HH", *screen) + b"\x80\x00\x00\x00\x00\x00\xff\xff\xff"
+                + b",\x00\x00\x00\x00\x01\x00\x01\x00\x00\x02\x02\x44\x01\x00;")
+
+    for screen in ((6000, 6000), (4000, 1000), (2000, 2000)):
+        response = convert(client, gif(screen))
+        assert response.status_code == 413 and "first frame" in response.json["error"], screen
+    # a small screen around a small frame is an ordinary (odd) GIF
+    assert convert(client, gif((40, 30))).status_code == 200
+
+
+def test_the_cli_refuses_the_same_hostile_files_cleanly(make_app, tmp_path):
+    """The CLI's `convert` sees a seeded sample of the generated uploads: every file is
+    either converted or reported on one line, and the command never crashes."""
+    import random
+    import re
+
+    from upload_variants import GROUPS, variants
+
+    rng = random.Random(11)
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    count = 0
+    for group in GROUPS:
+        chosen = variants(group)
+        if group != "specials":
+            chosen = chosen[:1] + rng.sample(chosen[1:], 12)
+        for variant in chosen:
+            (folder / f"{count:04d}.png").write_bytes(variant.body)  # the name lies
+            count += 1
+    app = make_app(ANIMEGAN_MAX_SIDE=64)
+    result = app.test_cli_runner().invoke(args=["animegan", "convert", str(folder), "-o",
+                                                str(out), "--size", "16"])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    summary = re.search(r"converted (\d+), skipped 0 already converted, failed (\d+)",
+                        result.output)
+    assert summary, result.output[-2000:]
+    converted, failed = map(int, summary.groups())
+    assert converted + failed == count and converted > 0 and failed > 0
+    assert result.exit_code == 1  # some files failed
+    assert len(list(out.iterdir())) == converted
+    reported = re.findall(r"^\S+\.png: (.+)$", result.output, re.MULTILINE)
+    assert len(reported) == failed and all(reported)
