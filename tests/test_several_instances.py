@@ -1,4 +1,4 @@
-"""Several instances behind nginx, sharing state through Redis (issue 12), with real
+"""Several instances behind nginx, sharing state through Redis, with real
 processes only: gunicorn instances of the example app, a redis-server, and nginx running
 the shipped deploy/nginx.conf (only its ports changed).
 
