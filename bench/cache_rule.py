@@ -42,12 +42,9 @@ import skimage.data
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from flask_animegan.cache import NearDuplicateCache
-from flask_animegan.cache.fingerprint import (
-    CELL_TOLERANCE,
-    GRID_SIDE,
-    Fingerprint,
-    grid_difference,
-)
+from flask_animegan.cache import fingerprint as rule
+from flask_animegan.cache.fingerprint import ASPECT_TOLERANCE, Fingerprint
+from flask_animegan.cache.near_duplicate import INDEX_CAP
 from flask_animegan.cache.storage import MemoryStorage, Storage
 from flask_animegan.inputs.decoding import DecodeLimits
 from flask_animegan.inputs.isolation import Decoder
@@ -62,8 +59,7 @@ PLACES = ("detail", "random")
 VISIBLE = 2.0  # levels: an edit changing its box by less, on average, is not counted visible
 HASH_SIZE = 16  # ANIMEGAN_PHASH_SIZE's default
 MAX_DISTANCE = 6  # ANIMEGAN_PHASH_MAX_DISTANCE's default
-INDEX_CAP = 16
-TOLERANCES = (4, 6, 8, 10, 12, 14, 16)  # the tolerances the report compares
+SCALES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # every tolerance of the rule times these, compared
 
 
 # -- inputs --------------------------------------------------------------------------------
@@ -218,7 +214,8 @@ def fingerprint(image: Image.Image) -> Fingerprint:
 
 def near(a: Fingerprint, b: Fingerprint) -> bool:
     """Whether the rule's other two conditions (phash, aspect) hold."""
-    return Fingerprint(a.phash, a.aspect, b.grid).same_photo(b, MAX_DISTANCE)
+    return (a.distance(b) <= MAX_DISTANCE
+            and abs(b.aspect / a.aspect - 1) <= ASPECT_TOLERANCE)
 
 
 @dataclass(frozen=True)
@@ -228,7 +225,7 @@ class Trial:
     size: int
     photo: str
     hit: bool
-    difference: int  # the largest cell statistic difference, in levels
+    excess: float  # the grids' largest difference over what the rule allows (<= 1: within)
     near: bool  # whether the phash and aspect conditions hold (the hit at any tolerance)
     change: float = 0.0  # edits: mean absolute change over the box, fitted (levels)
     area: float = 0.0
@@ -248,7 +245,7 @@ def reencode_trials(photos: Sequence[str], sizes: Sequence[int]) -> list[Trial]:
                     second = fingerprint(fitted(copy(uploaded), size))
                     trials.append(Trial("re-encode", f"{kind} ({origin})", size, name,
                                         hits(first, second, both_ways=False),
-                                        grid_difference(first.grid, second.grid),
+                                        first.excess(second),
                                         near(first, second)))
                     if kind == "JPEG q90":  # the same photo, asked by another client
                         trials.append(Trial("other client", "JPEG q90", size, name,
@@ -283,7 +280,7 @@ def edit_trials(photos: Sequence[str], sizes: Sequence[int], seeds: Sequence[int
                                     - np.asarray(second.crop(fitted_box), np.float32)).mean())
                                 trials.append(Trial(
                                     "edit", kind, size, name, hits(first_print, second_print),
-                                    grid_difference(first_print.grid, second_print.grid),
+                                    first_print.excess(second_print),
                                     near(first_print, second_print), change, area, place))
     return trials
 
@@ -434,8 +431,11 @@ def measure(quick: bool = False, inference_ms: float | None = None,
     photos = QUICK_PHOTOS if quick else PHOTOS
     seeds = range(1 if quick else 2)
     trials = reencode_trials(photos, SIZES) + edit_trials(photos, SIZES, seeds)
-    results: dict[str, Any] = {"grid_side": GRID_SIDE, "cell_tolerance": CELL_TOLERANCE,
-                               "photos": len(photos), "seeds": len(seeds)}
+    results: dict[str, Any] = {
+        "rule": {name: getattr(rule, name) for name in (
+            "FINE_SIDE", "COARSE_SIDE", "MEAN_LEVELS", "MEAN_PER_DEVIATION", "COLOUR_LEVELS",
+            "DETAIL_SHARE", "DETAIL_LEVELS", "ASPECT_TOLERANCE")},
+        "photos": len(photos), "seeds": len(seeds)}
     group = defaultdict(list)
     for t in trials:
         group[t.group].append(t)
@@ -458,17 +458,17 @@ def measure(quick: bool = False, inference_ms: float | None = None,
         results[f"visible_{place}_edit_hits"] = sum(t.hit for t in visible if t.place == place)
     results["edit_hits_listed"] = [
         f"{t.kind} {t.area:.0%} {t.place} @ {t.size} px, {t.photo}: box changed by "
-        f"{t.change:.1f} levels, largest cell difference {t.difference}"
+        f"{t.change:.1f} levels, grid excess {t.excess:.2f}"
         for t in edits if t.hit]
-    results["tolerances"] = {  # what another CELL_TOLERANCE would give
-        str(n): {"reencode_hit_share": _share([replace(t, hit=t.near and t.difference <= n)
+    results["scales"] = {  # what the rule with every tolerance times k would give
+        str(k): {"reencode_hit_share": _share([replace(t, hit=t.near and t.excess <= k)
                                                for t in group["re-encode"]]),
-                 **{f"{place}_edit_hits": sum(t.near and t.difference <= n for t in edits
+                 **{f"{place}_edit_hits": sum(t.near and t.excess <= k for t in edits
                                               if t.place == place) for place in PLACES},
-                 "visible_edit_hits": sum(t.near and t.difference <= n for t in visible)}
-        for n in TOLERANCES}
-    results["reencode_differences"] = _quantiles([t.difference for t in group["re-encode"]])
-    results["edit_differences"] = _quantiles([t.difference for t in visible])
+                 "visible_edit_hits": sum(t.near and t.excess <= k for t in visible)}
+        for k in SCALES}
+    results["reencode_excess"] = _quantiles([t.excess for t in group["re-encode"]])
+    results["edit_excess"] = _quantiles([t.excess for t in visible])
     results["memory"] = footprint(MemoryStorage(10**8))
     with redis_uri() as uri:
         if uri is not None:
@@ -494,7 +494,7 @@ def _share(trials: Sequence[Trial]) -> float:
     return sum(t.hit for t in trials) / len(trials) if trials else float("nan")
 
 
-def _quantiles(values: Sequence[int]) -> dict[str, float]:
+def _quantiles(values: Sequence[float]) -> dict[str, float]:
     if not values:
         return {}
     return {name: float(np.quantile(values, q)) for name, q in
@@ -509,9 +509,8 @@ def render(results: dict[str, Any]) -> str:
 
     r = results
     out = [
-        (f"Rule: {r['grid_side']}x{r['grid_side']} cells, each statistic within "
-         f"{r['cell_tolerance']} levels; {r['photos']} photos, 256 and 512 px, "
-         f"{r['seeds']} seed(s)"), "",
+        ("Rule: " + ", ".join(f"{k} {v:g}" for k, v in r["rule"].items())
+         + f"; {r['photos']} photos, 256 and 512 px, {r['seeds']} seed(s)"), "",
         f"Same photo re-encoded (should hit): {r['reencode_hit_share']:.1%}", "",
         table(["copy", "hits"], [[k, v] for k, v in r["reencode"].items()]), "",
         (f"Another client asking for the same photo: {r['other_client_hits']}/"
@@ -521,17 +520,17 @@ def render(results: dict[str, Any]) -> str:
          f"(placed on detail {r['visible_detail_edit_hits']}, at random "
          f"{r['visible_random_edit_hits']})"), "",
         table(["edit, area, placed", "hits"], [[k, v] for k, v in r["edits"].items()]), "",
-        ("Largest cell difference, re-encodes: "
-         + ", ".join(f"{k} {v:g}" for k, v in r["reencode_differences"].items())
+        ("Grid excess (1 = what the rule allows), re-encodes: "
+         + ", ".join(f"{k} {v:.2f}" for k, v in r["reencode_excess"].items())
          + "; visible edits: "
-         + ", ".join(f"{k} {v:g}" for k, v in r["edit_differences"].items())), "",
+         + ", ".join(f"{k} {v:.2f}" for k, v in r["edit_excess"].items())), "",
     ]
-    out += ["Other tolerances (the same trials):", "",
-            table(["levels", "re-encodes hit", "edits on detail hit", "edits at random hit",
+    out += ["Every tolerance times k (the same trials):", "",
+            table(["k", "re-encodes hit", "edits on detail hit", "edits at random hit",
                    f"visible edits hit (of {results['visible_edit_trials']})"],
                   [[n, f"{row['reencode_hit_share']:.1%}", row["detail_edit_hits"],
                     row["random_edit_hits"], row["visible_edit_hits"]]
-                   for n, row in results["tolerances"].items()]), ""]
+                   for n, row in results["scales"].items()]), ""]
     out += [f"- {line}" for line in results["edit_hits_listed"]]
     for backend in ("memory", "redis"):
         if backend in results:

@@ -1,23 +1,29 @@
 """What the cache keeps of an input, and the one rule that decides "the same photo".
 
 A :class:`Fingerprint` of the fitted input (the picture the network converts) is its
-perceptual hash (the candidate key), its aspect ratio and a grid of statistics: the
-picture is cut into ``GRID_SIDE`` x ``GRID_SIDE`` cells, whatever its size, and each
-cell keeps the mean and standard deviation of its luma (Y) and the means of its two
-colour differences (Cb, Cr), rounded to whole levels (uint8, 4,096 bytes). That is all
-an entry keeps of its input: never the upload, never its pixels.
+perceptual hash (the candidate key), its aspect ratio and two grids of statistics laid
+over the picture, whatever its size, rounded to whole levels (uint8, 11,264 bytes):
 
-The rule (:meth:`Fingerprint.same_photo`, stated in docs/http-api.md): two inputs are
-the same photo when their phashes are within ``max_distance`` bits, their aspect ratios
-within ``ASPECT_TOLERANCE``, and every statistic of every cell within ``CELL_TOLERANCE``
-levels. The means see what is covered, pasted or recoloured; the luma's standard
-deviation (detail) sees what is blurred or pixelated, which keeps local means. JPEG
-keeps colour at half resolution and quantises it harder, so colour keeps only its means.
-bench/cache_rule.py chose ``GRID_SIDE`` and ``CELL_TOLERANCE`` (its figures are in
-docs/http-api.md); change them only with it. The cost: an edit that moves no cell's
-statistics by more than ``CELL_TOLERANCE`` levels, i.e. one no stronger than what JPEG
-or a 5 % resize does to the picture (a blur of a flat sky, a mosaic finer than a cell),
-may share a result.
+* ``luma``: on a ``FINE_SIDE`` x ``FINE_SIDE`` grid, each cell's mean luma (Y) and its
+  standard deviation;
+* ``cells``: on a ``COARSE_SIDE`` x ``COARSE_SIDE`` grid, each cell's mean Cb and Cr and
+  its detail, the mean absolute difference between neighbouring luma samples.
+
+That is all an entry keeps of its input: never the upload, never its pixels.
+
+The rule (:meth:`Fingerprint.same_photo`, stated in docs/http-api.md): two inputs are the
+same photo when their phashes are within ``max_distance`` bits, their aspect ratios within
+``ASPECT_TOLERANCE``, and in every cell the mean luma differs by at most ``MEAN_LEVELS``
+levels plus ``MEAN_PER_DEVIATION`` of the cell's standard deviation, each colour mean by
+at most ``COLOUR_LEVELS`` levels, and the detail by at most ``DETAIL_SHARE`` of the larger
+one or ``DETAIL_LEVELS`` levels, whichever allows more. The means see what is covered,
+pasted or recoloured; the detail sees what is blurred or pixelated, which keeps local
+means (a mosaic's flat blocks have no differences inside them). Resizing and re-encoding
+move the means of textured cells more than those of flat ones, hence the allowance per
+unit of deviation. bench/cache_rule.py chose every number here (its figures are in
+docs/http-api.md); change them only with it. The cost: an edit that moves no cell by more
+than that, i.e. one no stronger than what JPEG or a 5 % resize does to the picture (a blur
+of a flat sky, a faint mosaic over 1 % of a picture), may share a result.
 """
 
 from __future__ import annotations
@@ -27,22 +33,28 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-GRID_SIDE = 32  # cells per side: a 10 % x 10 % box (1 % of the area) covers >= 2x2 cells
-CELL_PIXELS = 8  # each cell's statistics are taken over 8x8 samples of a box-filtered copy
-CELL_TOLERANCE = 9  # levels (of 255) any statistic of any cell may differ by
+FINE_SIDE = 64  # cells per side of the luma grid: a 1 % box (10 % x 10 %) covers >= 5x5
+COARSE_SIDE = 32  # cells per side of the colour and detail grid (JPEG halves colour anyway)
+CELL_SAMPLES = 8  # each cell's statistics are taken over 8x8 samples of a box-filtered copy
+MEAN_LEVELS = 4.0
+MEAN_PER_DEVIATION = 0.3
+COLOUR_LEVELS = 6.0
+DETAIL_SHARE = 0.45
+DETAIL_LEVELS = 6.0
 ASPECT_TOLERANCE = 0.02  # relative; a crop of a photo is a different photo
-STATISTICS = ("Y mean", "Y standard deviation", "Cb mean", "Cr mean")
-GRID_SHAPE = (GRID_SIDE, GRID_SIDE, len(STATISTICS))
-GRID_BYTES = GRID_SIDE * GRID_SIDE * len(STATISTICS)
+LUMA_SHAPE = (FINE_SIDE, FINE_SIDE, 2)  # [row, column, (mean, standard deviation)]
+CELLS_SHAPE = (COARSE_SIDE, COARSE_SIDE, 3)  # [row, column, (Cb mean, Cr mean, detail)]
+GRID_BYTES = FINE_SIDE * FINE_SIDE * 2 + COARSE_SIDE * COARSE_SIDE * 3
 
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """A fitted input as the cache compares it: phash, aspect and the cell grid."""
+    """A fitted input as the cache compares it: phash, aspect and the two cell grids."""
 
     phash: int
     aspect: float  # width / height
-    grid: np.ndarray  # GRID_SHAPE uint8: [row, column, statistic] (see STATISTICS)
+    luma: np.ndarray  # LUMA_SHAPE uint8
+    cells: np.ndarray  # CELLS_SHAPE uint8
 
     @classmethod
     def of(cls, image: Image.Image, hash_size: int) -> Fingerprint:
@@ -52,41 +64,77 @@ class Fingerprint:
         image = image.convert("RGB")
         bits = np.packbits(imagehash.phash(image, hash_size=hash_size).hash.flatten())
         return cls(int.from_bytes(bits.tobytes(), "big"), image.width / image.height,
-                   cell_grid(image))
+                   luma_grid(image), cell_grid(image))
 
     def distance(self, other: Fingerprint) -> int:
         """Hamming distance between the phashes."""
         return (self.phash ^ other.phash).bit_count()
 
+    def excess(self, other: Fingerprint) -> float:
+        """How far the two grids are apart, as the largest ratio, over every cell and
+        statistic, of the difference to what the rule allows there (at most 1: the same
+        photo, as far as the grids can tell); symmetric."""
+        a, b = self.luma.astype(np.float32), other.luma.astype(np.float32)
+        deviation = np.maximum(a[..., 1], b[..., 1])
+        mean = np.abs(a[..., 0] - b[..., 0]) / (MEAN_LEVELS + MEAN_PER_DEVIATION * deviation)
+        c, d = self.cells.astype(np.float32), other.cells.astype(np.float32)
+        colour = np.abs(c[..., :2] - d[..., :2]) / COLOUR_LEVELS
+        detail = np.abs(c[..., 2] - d[..., 2]) / np.maximum(
+            DETAIL_LEVELS, DETAIL_SHARE * np.maximum(c[..., 2], d[..., 2]))
+        return float(max(mean.max(), colour.max(), detail.max()))
+
     def same_photo(self, other: Fingerprint, max_distance: int) -> bool:
         """The cache's whole rule (see the module docstring); symmetric."""
         return (self.distance(other) <= max_distance
                 and abs(other.aspect / self.aspect - 1) <= ASPECT_TOLERANCE
-                and grid_difference(self.grid, other.grid) <= CELL_TOLERANCE)
+                and self.excess(other) <= 1.0)
+
+    def to_bytes(self) -> bytes:
+        """The two grids, as an index member stores them (GRID_BYTES)."""
+        return (np.ascontiguousarray(self.luma, np.uint8).tobytes()
+                + np.ascontiguousarray(self.cells, np.uint8).tobytes())
+
+    @staticmethod
+    def grids_from(blob: bytes, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The two grids :meth:`to_bytes` wrote at ``offset`` of ``blob``."""
+        fine = FINE_SIDE * FINE_SIDE * 2
+        luma = np.frombuffer(blob, np.uint8, fine, offset).reshape(LUMA_SHAPE)
+        cells = np.frombuffer(blob, np.uint8, GRID_BYTES - fine, offset + fine)
+        return luma, cells.reshape(CELLS_SHAPE)
+
+
+def _samples(image: Image.Image, side: int) -> np.ndarray:
+    """``image`` box-filtered to ``side`` x ``side`` samples, as float YCbCr: copies of
+    slightly different sizes (a resized upload) are cut at the same places."""
+    return np.asarray(image.resize((side, side), Image.Resampling.BOX).convert("YCbCr"),
+                      np.float32)
+
+
+def _cell_means(values: np.ndarray, cells: int) -> np.ndarray:
+    starts = np.arange(0, cells * CELL_SAMPLES, CELL_SAMPLES)
+    sums = np.add.reduceat(np.add.reduceat(values, starts, axis=0), starts, axis=1)
+    return np.asarray(sums / CELL_SAMPLES**2)
+
+
+def _levels(stats: list[np.ndarray]) -> np.ndarray:
+    return np.ascontiguousarray(np.clip(np.rint(np.stack(stats, axis=-1)), 0, 255)
+                                .astype(np.uint8))
+
+
+def luma_grid(image: Image.Image) -> np.ndarray:
+    """Each fine cell's mean luma and its standard deviation, in whole levels."""
+    y = _samples(image, FINE_SIDE * CELL_SAMPLES)[..., 0]
+    mean = _cell_means(y, FINE_SIDE)
+    deviation = np.sqrt(np.maximum(_cell_means(y * y, FINE_SIDE) - mean**2, 0))
+    return _levels([mean, deviation])
 
 
 def cell_grid(image: Image.Image) -> np.ndarray:
-    """Each cell's :data:`STATISTICS`, in whole levels.
-
-    The picture is box-filtered to ``GRID_SIDE * CELL_PIXELS`` samples a side first, so
-    that copies of slightly different sizes (a resized upload) are cut at the same places.
-    """
-    side = GRID_SIDE * CELL_PIXELS
-    samples = image.convert("RGB").resize((side, side), Image.Resampling.BOX)
-    ycc = np.asarray(samples.convert("YCbCr"), np.float32)
-    starts = np.arange(0, side, CELL_PIXELS)
-
-    def cell_means(values: np.ndarray) -> np.ndarray:
-        sums = np.add.reduceat(np.add.reduceat(values, starts, axis=0), starts, axis=1)
-        return np.asarray(sums / CELL_PIXELS**2)
-
-    mean = cell_means(ycc)
-    luma = ycc[..., 0]
-    detail = np.sqrt(np.maximum(cell_means(luma * luma) - mean[..., 0] ** 2, 0))
-    stats = np.stack((mean[..., 0], detail, mean[..., 1], mean[..., 2]), axis=-1)
-    return np.ascontiguousarray(np.clip(np.rint(stats), 0, 255).astype(np.uint8))
-
-
-def grid_difference(a: np.ndarray, b: np.ndarray) -> int:
-    """The largest difference, in levels, between any statistic of any cell."""
-    return int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max())
+    """Each coarse cell's mean Cb and Cr and its detail, in whole levels."""
+    ycc = _samples(image, COARSE_SIDE * CELL_SAMPLES)
+    means = _cell_means(ycc[..., 1:], COARSE_SIDE)
+    y = ycc[..., 0]
+    steps = np.zeros_like(y)
+    steps[:, :-1] += np.abs(np.diff(y, axis=1))
+    steps[:-1, :] += np.abs(np.diff(y, axis=0))
+    return _levels([means[..., 0], means[..., 1], _cell_means(steps, COARSE_SIDE)])
