@@ -157,6 +157,12 @@ def photo(name: str = "chelsea") -> Image.Image:
     return image.convert("RGB")
 
 
+def convert(client, data: bytes, query: str = "", **kwargs):
+    """POST ``data`` to the API as a JPEG body (``query``: e.g. ``"?size=64"``)."""
+    return client.post(f"/animegan/convert{query}", data=data, content_type="image/jpeg",
+                       **kwargs)
+
+
 def encode_image(image: Image.Image, fmt: str = "JPEG", **params: object) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, fmt, **params)

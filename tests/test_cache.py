@@ -13,6 +13,7 @@ from conftest import (
     COLOR_PHOTOS,
     PHOTOS,
     REPO,
+    convert,
     encode_image,
     open_image,
     photo,
@@ -397,10 +398,6 @@ def test_format_is_part_of_the_key(client):
 
 
 # -- cache scope ---------------------------------------------------------------------------
-def convert(client, data: bytes, **kwargs):
-    return client.post("/animegan/convert", data=data, content_type="image/jpeg", **kwargs)
-
-
 def test_the_cache_is_scoped_to_the_client_by_default(make_app):
     client = make_app().test_client()
     data = photo_bytes("astronaut")

@@ -9,17 +9,12 @@ import time
 
 import pytest
 import torch
-from conftest import encode_image, open_image, photo_bytes
+from conftest import convert, encode_image, open_image, photo_bytes
 from PIL import Image
 
 from flask_animegan.errors import ImageTooLarge, Overloaded
 from flask_animegan.inputs.decoding import DecodeLimits, count_jpeg_scans
 from flask_animegan.inputs.isolation import DecodeGate, Decoder
-
-
-def convert(client, data: bytes, query: str = "", **kwargs):
-    return client.post(f"/animegan/convert{query}", data=data, content_type="image/jpeg",
-                       **kwargs)
 
 
 def progressive_jpeg(size=(2000, 1500), extra_scans: int = 0) -> bytes:

@@ -3,28 +3,12 @@ broken weights refused, a network that outputs NaN never returned or cached."""
 
 from __future__ import annotations
 
-import io
 import logging
 
 import torch
-from conftest import photo_bytes, save_random_generator
-from PIL import Image
+from conftest import convert, photo_bytes, save_random_generator
 
 from flask_animegan.runtime.generator import Generator
-
-
-def convert(client, data: bytes, query: str = "", **kwargs):
-    return client.post(f"/animegan/convert{query}", data=data, content_type="image/jpeg",
-                       **kwargs)
-
-
-def progressive_jpeg(size=(2000, 1500), extra_scans: int = 0) -> bytes:
-    """A progressive gray JPEG whose last scan is repeated ``extra_scans`` times."""
-    buffer = io.BytesIO()
-    Image.new("L", size, 128).save(buffer, "JPEG", progressive=True)
-    data = buffer.getvalue()
-    last, eoi = data.rfind(b"\xff\xda"), data.rfind(b"\xff\xd9")
-    return data[:eoi] + data[last:eoi] * extra_scans + data[eoi:]
 
 
 # -- JPEG scans ---------------------------------------------------------------------------
