@@ -26,7 +26,7 @@ reads the chosen entry (2). Storing a result is one more (the entry and its inde
 in one MULTI/EXEC). Bytes per entry, measured with ``MEMORY USAGE`` on Redis 7
 (tests/test_storage.py, bench/cache_rule.py): its result rounded up to jemalloc's size
 class (up to +25 %, about +10 % on average) + about 130 bytes of key and header, plus
-about 5,200 bytes for its member in the index.
+about 12,300 bytes for its member in the index.
 
 The namespace holds the client's address (ANIMEGAN_CACHE_SCOPE "client"), so keys carry
 only a keyed BLAKE2b digest of it. Stored bytes use a small explicit binary format,
