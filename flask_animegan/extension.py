@@ -20,7 +20,8 @@ from .runtime.engine import InferenceEngine
 from .service import AnimeGANService, get_service
 from .web import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
 from .web import limits as ratelimit
-from .web.views import blueprint, routing_error_response
+from .web.blueprint import blueprint
+from .web.views import routing_error_response  # the views register their routes
 
 if TYPE_CHECKING:  # typing.Unpack is new in Python 3.11
     from typing_extensions import Unpack

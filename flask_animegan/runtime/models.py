@@ -14,7 +14,7 @@ from cachetools import LRUCache
 from torch import nn
 
 from ..errors import StyleUnavailable
-from .backends import Runner
+from .backends.base import Runner
 from .catalog import StyleInfo
 from .weights import WeightsError
 

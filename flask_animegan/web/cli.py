@@ -16,7 +16,7 @@ from ..errors import ConversionError
 from ..runtime.download import DownloadError, pull_style
 from ..runtime.weights import WeightsError, load_generator
 from ..service import get_service
-from .views import blueprint
+from .blueprint import blueprint
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 cli = blueprint.cli

@@ -31,8 +31,8 @@ from werkzeug.exceptions import HTTPException
 from ..config import REDIS_SCHEMES, Settings
 from ..service import get_service
 from . import csrf
+from .blueprint import blueprint
 from .clients import CONVERSIONS_SCOPE, client_address
-from .views import blueprint
 
 log = logging.getLogger("flask_animegan")
 #: Redis timeouts for the rate-limit storage: an outage must not add seconds per request.

@@ -6,12 +6,10 @@ import json
 import logging
 import time
 import weakref
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from flask import (
-    Blueprint,
     Response,
     abort,
     current_app,
@@ -35,11 +33,8 @@ from ..inputs.formats import encode
 from ..pipeline import Conversion, describe_timings
 from ..service import get_service
 from . import csrf
+from .blueprint import blueprint
 from .clients import client_key, is_loopback
-
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent
-blueprint = Blueprint("animegan", __name__, template_folder=_PACKAGE_DIR / "templates",
-                      static_folder=_PACKAGE_DIR / "static", cli_group="animegan")
 
 #: Endpoints that answer JSON (errors included); the others render pages.
 API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz",
