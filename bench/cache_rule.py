@@ -432,9 +432,11 @@ def measure(quick: bool = False, inference_ms: float | None = None,
     seeds = range(1 if quick else 2)
     trials = reencode_trials(photos, SIZES) + edit_trials(photos, SIZES, seeds)
     results: dict[str, Any] = {
-        "rule": {name: getattr(rule, name) for name in (
-            "FINE_SIDE", "COARSE_SIDE", "MEAN_LEVELS", "MEAN_PER_DEVIATION", "COLOUR_LEVELS",
-            "DETAIL_SHARE", "DETAIL_LEVELS", "ASPECT_TOLERANCE")},
+        "rule": {**{name: getattr(rule, name) for name in (
+            "FINE_SIDE", "COARSE_SIDE", "DETAIL_SHARE", "DETAIL_LEVELS", "ASPECT_TOLERANCE")},
+            **{f"{name} {field}": getattr(getattr(rule, name), field)
+               for name in ("SAME_SIZE", "OTHER_SIZE")
+               for field in ("mean_levels", "mean_per_deviation", "colour_levels")}},
         "photos": len(photos), "seeds": len(seeds)}
     group = defaultdict(list)
     for t in trials:

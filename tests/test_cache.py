@@ -25,11 +25,10 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult
 from flask_animegan.cache.fingerprint import (
     CELLS_SHAPE,
-    COLOUR_LEVELS,
     DETAIL_LEVELS,
     LUMA_SHAPE,
-    MEAN_LEVELS,
-    MEAN_PER_DEVIATION,
+    OTHER_SIZE,
+    SAME_SIZE,
     Fingerprint,
 )
 from flask_animegan.cache.storage import MemoryStorage
@@ -218,27 +217,33 @@ def test_the_rule_is_symmetric_and_needs_every_cell():
     assert first.luma.shape == LUMA_SHAPE and first.cells.shape == CELLS_SHAPE
     assert first.excess(first) == 0 and first.same_photo(first, 0)
     mean, deviation = (int(v) for v in first.luma[7, 9])
-    allowed = int(MEAN_LEVELS + MEAN_PER_DEVIATION * deviation)  # whole levels within it
-    sign = 1 if mean + allowed + 1 <= 255 else -1
     colour = int(first.cells[3, 4, 0])
-    colour_sign = 1 if colour + COLOUR_LEVELS + 1 <= 255 else -1
-    for change, same in ((allowed, True), (allowed + 1, False)):
-        luma = first.luma.copy()
-        luma[7, 9, 0] = mean + sign * change
-        copy = Fingerprint(first.phash, first.aspect, luma, first.cells)
-        assert first.same_photo(copy, 6) is same and copy.same_photo(first, 6) is same
-    for change, same in ((int(COLOUR_LEVELS), True), (int(COLOUR_LEVELS) + 1, False)):
-        cells = first.cells.copy()
-        cells[3, 4, 0] = colour + colour_sign * change
-        copy = Fingerprint(first.phash, first.aspect, first.luma, cells)
-        assert first.same_photo(copy, 6) is same and copy.same_photo(first, 6) is same
+    # a copy fitted to the same size gets the tight allowance, one of another size (a
+    # resized copy of a photo smaller than the output) the wider one
+    for size, allowance in ((first.size, SAME_SIZE), ((first.size[0] - 1, first.size[1]),
+                                                      OTHER_SIZE)):
+        allowed = int(allowance.mean_levels + allowance.mean_per_deviation * deviation)
+        sign = 1 if mean + allowed + 1 <= 255 else -1
+        for change, same in ((allowed, True), (allowed + 1, False)):
+            luma = first.luma.copy()
+            luma[7, 9, 0] = mean + sign * change
+            copy = Fingerprint(first.phash, size, luma, first.cells)
+            assert first.same_photo(copy, 6) is same and copy.same_photo(first, 6) is same
+        levels = int(allowance.colour_levels)
+        colour_sign = 1 if colour + levels + 1 <= 255 else -1
+        for change, same in ((levels, True), (levels + 1, False)):
+            cells = first.cells.copy()
+            cells[3, 4, 0] = colour + colour_sign * change
+            copy = Fingerprint(first.phash, size, first.luma, cells)
+            assert first.same_photo(copy, 6) is same and copy.same_photo(first, 6) is same
     # a mosaic's flat blocks: the detail of one cell halved is a different photo
     detailed = np.unravel_index(np.argmax(first.cells[..., 2]), first.cells.shape[:2])
     cells = first.cells.copy()
     cells[detailed + (2,)] //= 2
     assert first.cells[detailed + (2,)] >= 2 * DETAIL_LEVELS
-    assert not first.same_photo(Fingerprint(first.phash, first.aspect, first.luma, cells), 6)
-    other_aspect = Fingerprint(first.phash, first.aspect * 1.05, first.luma, first.cells)
+    assert not first.same_photo(Fingerprint(first.phash, first.size, first.luma, cells), 6)
+    wider = (round(first.size[0] * 1.05), first.size[1])
+    other_aspect = Fingerprint(first.phash, wider, first.luma, first.cells)
     assert not first.same_photo(other_aspect, 6)
 
 

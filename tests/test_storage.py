@@ -185,10 +185,10 @@ def test_only_the_newest_entries_of_a_namespace_are_candidates(uri, astronaut):
 
 def corrupt_members(real: bytes) -> list[bytes]:
     """Index members that must be skipped: junk, truncated, altered, pickled, other sizes."""
-    return [b"", b"AGF3", b"\x00" * len(real), real[:-1], real + b"\x00",
-            b"XXXX" + real[4:], b"AGF2" + real[4:],  # the format before this one
+    return [b"", b"AGF5", b"\x00" * len(real), real[:-1], real + b"\x00",
+            b"XXXX" + real[4:], b"AGF4" + real[4:],  # the format before this one
             real[:4] + struct.pack("<d", float("nan")) + real[12:],  # a NaN creation time
-            real[:12] + struct.pack("<d", -1.0) + real[20:],  # a negative aspect
+            real[:12] + struct.pack("<I", 0) + real[16:],  # a width of 0
             pickle.dumps(IndexMember(0.0, b"x" * 16, None)),
             np.random.default_rng(0).bytes(len(real))]
 
@@ -308,7 +308,7 @@ def test_bytes_stored_per_entry_on_redis(redis_server, astronaut):
     print(f"\nper cache entry: its result + up to {extra} B (key, header, allocator "
           f"rounding) + {member} B in its index (a first index: {usage['original']} B); "
           f"per page: its images + {page} B")
-    assert len(client.lindex(index, 0)) == struct.calcsize("<4sddH16s") + 32 + GRID_BYTES
+    assert len(client.lindex(index, 0)) == struct.calcsize("<4sdIIH16s") + 32 + GRID_BYTES
     assert member <= 16 * 1024 and usage["original"] <= 16 * 1024
     assert all(0 < entry[name] - 30_000 < 30_000 // 4 + 200 for name in entry)
     assert extra + member <= 32 * 1024  # an entry is at most its result + 32 KiB
@@ -459,8 +459,9 @@ def test_a_member_round_trips_exactly(astronaut):
     member = decode_member(encode_member(IndexMember(1.5, b"i" * 16, fingerprint), 16), 16)
     assert member.created == 1.5 and member.entry_id == b"i" * 16
     again = member.fingerprint
-    assert again.phash == fingerprint.phash and again.aspect == fingerprint.aspect
-    assert np.array_equal(again.luma, fingerprint.luma) and np.array_equal(again.cells, fingerprint.cells)
+    assert again.phash == fingerprint.phash and again.size == fingerprint.size
+    assert np.array_equal(again.luma, fingerprint.luma)
+    assert np.array_equal(again.cells, fingerprint.cells)
     assert again.same_photo(fingerprint, 0)
 
 

@@ -13,14 +13,18 @@ That is all an entry keeps of its input: never the upload, never its pixels.
 
 The rule (:meth:`Fingerprint.same_photo`, stated in docs/http-api.md): two inputs are the
 same photo when their phashes are within ``max_distance`` bits, their aspect ratios within
-``ASPECT_TOLERANCE``, and in every cell the mean luma differs by at most ``MEAN_LEVELS``
-levels plus ``MEAN_PER_DEVIATION`` of the cell's standard deviation, each colour mean by
-at most ``COLOUR_LEVELS`` levels, and the detail by at most ``DETAIL_SHARE`` of the larger
+``ASPECT_TOLERANCE``, and in every cell the mean luma differs by at most ``mean_levels``
+levels plus ``mean_per_deviation`` of the cell's standard deviation, each colour mean by
+at most ``colour_levels`` levels, and the detail by at most ``DETAIL_SHARE`` of the larger
 one or ``DETAIL_LEVELS`` levels, whichever allows more. The means see what is covered,
 pasted or recoloured; the detail sees what is blurred or pixelated, which keeps local
 means (a mosaic's flat blocks have no differences inside them). Resizing and re-encoding
 move the means of textured cells more than those of flat ones, hence the allowance per
-unit of deviation. bench/cache_rule.py chose every number here (its figures are in
+unit of deviation. Two inputs fitted to the same size (every photo at least as large as
+the output, and every edit of a photo, which keeps its size) differ only by re-encoding,
+so their means get the tight :data:`SAME_SIZE` allowance; a resized copy of a photo
+smaller than the output is fitted to another size (images are never upscaled), and gets
+:data:`OTHER_SIZE`. bench/cache_rule.py chose every number here (its figures are in
 docs/http-api.md); change them only with it. The cost: an edit that moves no cell by more
 than that, i.e. one no stronger than what JPEG or a 5 % resize does to the picture (a blur
 of a flat sky, a faint mosaic over 1 % of a picture), may share a result.
@@ -36,9 +40,20 @@ from PIL import Image
 FINE_SIDE = 64  # cells per side of the luma grid: a 1 % box (10 % x 10 %) covers >= 5x5
 COARSE_SIDE = 32  # cells per side of the colour and detail grid (JPEG halves colour anyway)
 CELL_SAMPLES = 8  # each cell's statistics are taken over 8x8 samples of a box-filtered copy
-MEAN_LEVELS = 4.0
-MEAN_PER_DEVIATION = 0.3
-COLOUR_LEVELS = 6.0
+
+@dataclass(frozen=True)
+class Allowance:
+    """How far the means of two inputs' cells may differ."""
+
+    mean_levels: float  # luma, plus...
+    mean_per_deviation: float  # ...this share of the cell's standard deviation
+    colour_levels: float  # Cb and Cr
+
+
+#: Two inputs fitted to the same size: re-encoding alone between them.
+SAME_SIZE = Allowance(mean_levels=2.0, mean_per_deviation=0.1, colour_levels=4.0)
+#: Fitted to different sizes: a resized copy of a photo smaller than the output.
+OTHER_SIZE = Allowance(mean_levels=4.0, mean_per_deviation=0.3, colour_levels=6.0)
 DETAIL_SHARE = 0.45
 DETAIL_LEVELS = 6.0
 ASPECT_TOLERANCE = 0.02  # relative; a crop of a photo is a different photo
@@ -52,7 +67,7 @@ class Fingerprint:
     """A fitted input as the cache compares it: phash, aspect and the two cell grids."""
 
     phash: int
-    aspect: float  # width / height
+    size: tuple[int, int]  # the fitted input's width and height
     luma: np.ndarray  # LUMA_SHAPE uint8
     cells: np.ndarray  # CELLS_SHAPE uint8
 
@@ -63,8 +78,13 @@ class Fingerprint:
 
         image = image.convert("RGB")
         bits = np.packbits(imagehash.phash(image, hash_size=hash_size).hash.flatten())
-        return cls(int.from_bytes(bits.tobytes(), "big"), image.width / image.height,
-                   luma_grid(image), cell_grid(image))
+        return cls(int.from_bytes(bits.tobytes(), "big"), image.size, luma_grid(image),
+                   cell_grid(image))
+
+    @property
+    def aspect(self) -> float:
+        """Width / height."""
+        return self.size[0] / self.size[1]
 
     def distance(self, other: Fingerprint) -> int:
         """Hamming distance between the phashes."""
@@ -74,11 +94,13 @@ class Fingerprint:
         """How far the two grids are apart, as the largest ratio, over every cell and
         statistic, of the difference to what the rule allows there (at most 1: the same
         photo, as far as the grids can tell); symmetric."""
+        allowed = SAME_SIZE if self.size == other.size else OTHER_SIZE
         a, b = self.luma.astype(np.float32), other.luma.astype(np.float32)
         deviation = np.maximum(a[..., 1], b[..., 1])
-        mean = np.abs(a[..., 0] - b[..., 0]) / (MEAN_LEVELS + MEAN_PER_DEVIATION * deviation)
+        mean = np.abs(a[..., 0] - b[..., 0]) / (allowed.mean_levels
+                                                + allowed.mean_per_deviation * deviation)
         c, d = self.cells.astype(np.float32), other.cells.astype(np.float32)
-        colour = np.abs(c[..., :2] - d[..., :2]) / COLOUR_LEVELS
+        colour = np.abs(c[..., :2] - d[..., :2]) / allowed.colour_levels
         detail = np.abs(c[..., 2] - d[..., 2]) / np.maximum(
             DETAIL_LEVELS, DETAIL_SHARE * np.maximum(c[..., 2], d[..., 2]))
         return float(max(mean.max(), colour.max(), detail.max()))

@@ -15,7 +15,8 @@ so at most ``index_cap`` live entries, and every key has a TTL.
 Layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
 
 - ``index:<namespace digest>``: a list, newest first, of at most ``index_cap`` members;
-  a member is a 38-byte header (magic, creation time, aspect, phash length, entry id),
+  a member is a 38-byte header (magic, creation time, the fitted input's width and
+  height, phash length, entry id),
   the phash (32 bytes at hash_size 16) and the two cell grids (11,264 bytes): 11,334 bytes.
 - ``entry:<namespace digest>:<id>``: a 16-byte header (magic, width, height, length)
   and the result's bytes.
@@ -52,8 +53,9 @@ from .fingerprint import GRID_BYTES, Fingerprint
 from .storage import MemoryStorage, Storage
 
 # Little-endian throughout, so every instance reads what any other wrote.
-_MEMBER = struct.Struct("<4sddH16s")  # magic, created (Unix time), aspect, phash bytes, id
-_MEMBER_MAGIC = b"AGF4"
+# magic, created (Unix time), width, height, phash bytes, entry id
+_MEMBER = struct.Struct("<4sdIIH16s")
+_MEMBER_MAGIC = b"AGF5"
 _ENTRY = struct.Struct("<4sIII")  # magic, width, height, length of the result
 _ENTRY_MAGIC = b"AGE3"
 #: Members a namespace's index keeps: a lookup reads at most 11 x 11,334 bytes (122 KiB).
@@ -77,7 +79,7 @@ def encode_member(member: IndexMember, hash_size: int) -> bytes:
     """The index member's bytes: header, phash, cell grid."""
     fp = member.fingerprint
     size = phash_bytes(hash_size)
-    return b"".join((_MEMBER.pack(_MEMBER_MAGIC, member.created, fp.aspect, size,
+    return b"".join((_MEMBER.pack(_MEMBER_MAGIC, member.created, *fp.size, size,
                                   member.entry_id),
                      fp.phash.to_bytes(size, "big"), fp.to_bytes()))
 
@@ -87,13 +89,13 @@ def decode_member(blob: bytes, hash_size: int) -> IndexMember | None:
     size = phash_bytes(hash_size)
     if not isinstance(blob, bytes) or len(blob) != _MEMBER.size + size + GRID_BYTES:
         return None
-    magic, created, aspect, stored_size, entry_id = _MEMBER.unpack_from(blob)
+    magic, created, width, height, stored_size, entry_id = _MEMBER.unpack_from(blob)
     if (magic != _MEMBER_MAGIC or stored_size != size or not math.isfinite(created)
-            or not (math.isfinite(aspect) and aspect > 0)):
+            or not (width > 0 and height > 0)):
         return None
     phash = int.from_bytes(blob[_MEMBER.size:_MEMBER.size + size], "big")
     luma, cells = Fingerprint.grids_from(blob, _MEMBER.size + size)
-    return IndexMember(created, entry_id, Fingerprint(phash, aspect, luma, cells))
+    return IndexMember(created, entry_id, Fingerprint(phash, (width, height), luma, cells))
 
 
 @dataclass(frozen=True)
