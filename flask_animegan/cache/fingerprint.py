@@ -1,7 +1,7 @@
 """What the cache keeps of an input, and the one rule that decides "the same photo".
 
 A :class:`Fingerprint` of the fitted input (the picture the network converts) is its
-perceptual hash (the candidate key), its aspect ratio and two grids of statistics laid
+perceptual hash (the candidate key), its size in pixels and two grids of statistics laid
 over the picture, whatever its size, rounded to whole levels (uint8, 11,264 bytes):
 
 * ``luma``: on a ``FINE_SIDE`` x ``FINE_SIDE`` grid, each cell's mean luma (Y) and its
@@ -64,7 +64,7 @@ GRID_BYTES = FINE_SIDE * FINE_SIDE * 2 + COARSE_SIDE * COARSE_SIDE * 3
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """A fitted input as the cache compares it: phash, aspect and the two cell grids."""
+    """A fitted input as the cache compares it: phash, fitted size and the two cell grids."""
 
     phash: int
     size: tuple[int, int]  # the fitted input's width and height
