@@ -40,7 +40,7 @@ from .clients import client_key, is_loopback
 API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz",
                            "animegan.style_sample", "animegan.metrics"})
 #: Endpoints that spend CPU on a conversion: the blueprint's POST routes, which share
-#: the rate limit (ratelimit.py).
+#: the rate limit (web/limits.py).
 LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert"})
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
 #: Output sizes the form offers (those up to ANIMEGAN_MAX_SIDE, and the maximum itself).
