@@ -233,8 +233,9 @@ SMOKE_VERSIONS = sorted((set(supported_versions()) | {v for v in PYTHONS if v >=
 
 
 def prepare_venv(version: tuple[int, int], venv: Path, wheel: Path) -> Path | str:
-    """A venv of ``version`` with the wheel, numpy and Pillow (the newest pip finds for that
-    version); else why not, starting with "skip:" or "need:"."""
+    """A venv of ``version`` with the wheel, numpy, Pillow and limits (flask-limiter's
+    parser, which the settings check uses; the newest pip finds for that version); else why
+    not, starting with "skip:" or "need:"."""
     name = f"Python {version[0]}.{version[1]}"
     candidates = PYTHONS.get(version)
     if not candidates:
@@ -249,11 +250,12 @@ def prepare_venv(version: tuple[int, int], venv: Path, wheel: Path) -> Path | st
     # this venv's pip installs into the other one (faster than bootstrapping pip there)
     pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check",
            "--quiet", "install"]
-    deps = subprocess.run([*pip, "--only-binary=:all:", "numpy", "pillow>=10.1"],
+    deps = subprocess.run([*pip, "--only-binary=:all:", "numpy", "pillow>=10.1", "limits"],
                           capture_output=True, text=True,
                           timeout=300)
     if deps.returncode:
-        return f"need: pip could not install numpy and Pillow for {name}: {deps.stderr[-500:]}"
+        return (f"need: pip could not install numpy, Pillow and limits for {name}: "
+                f"{deps.stderr[-500:]}")
     run(*pip, "--no-deps", wheel)
     return python
 
