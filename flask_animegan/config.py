@@ -373,12 +373,9 @@ class Settings:
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
         """Read every ``ANIMEGAN_*`` key (missing ones take their defaults) and check them
         all; :class:`SettingError` names the first unusable key and the fix."""
-        values = {}
-        for setting in SETTINGS:
-            if setting.name in config:
-                values[setting.field] = setting.checked(config[setting.name])
-        settings = cls(**values)
-        settings.validate()
+        settings = cls(**{setting.field: config[setting.name] for setting in SETTINGS
+                          if setting.name in config})
+        settings.validate()  # every value once, in the registry's order, then the rules between
         return settings
 
     # -- derived values ----------------------------------------------------------
