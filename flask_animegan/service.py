@@ -139,10 +139,9 @@ class AnimeGANService:
         """A requested output size (long side), defaulting to ANIMEGAN_MAX_SIDE."""
         if raw is None or raw == "":
             return self.max_side
-        try:
-            size = int(str(raw).strip())
-        except ValueError:
-            size = -1
+        text = str(raw).strip()
+        # ASCII digits only: int() also reads "٦٤", "６４" and "1_6"
+        size = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else -1
         if not MIN_SIDE <= size <= self.max_side:
             raise BadParameter(f"size must be a whole number of pixels from {MIN_SIDE} to "
                                f"{self.max_side}, got {str(raw)[:20]!r}")

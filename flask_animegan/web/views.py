@@ -8,6 +8,7 @@ import time
 import weakref
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import (
     Response,
@@ -24,11 +25,12 @@ from flask_limiter.errors import RateLimitExceeded
 from jinja2 import Environment, Template
 from markupsafe import escape
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.routing import RequestRedirect
 from werkzeug.wrappers import Response as BaseResponse
 
 from ..cache import StoredResult
 from ..config import DEFAULTS, OUTPUT_FORMATS
-from ..errors import BadImage, ConversionError, UnsupportedImage
+from ..errors import BadImage, BadParameter, ConversionError, UnsupportedImage
 from ..inputs.formats import encode
 from ..pipeline import Conversion, describe_timings
 from ..service import get_service
@@ -109,6 +111,11 @@ def _rate_limit_headers(response: Response) -> Response:
     return response
 
 
+def _path_only(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
 def routing_error_response(response: Response) -> Response:
     """For requests under the prefix that matched no route: our headers and error body.
 
@@ -120,6 +127,11 @@ def routing_error_response(response: Response) -> Response:
     prefix = get_service().settings.url_prefix.rstrip("/")
     if not (request.path == prefix or request.path.startswith(prefix + "/")):
         return response
+    if isinstance(request.routing_exception, RequestRedirect):
+        # Werkzeug's slash redirect (/animegan -> /animegan/) is absolute, built from the
+        # Host header a client chose; a path-only Location stays on the site it came to.
+        response.headers["Location"] = _path_only(request.routing_exception.new_url)
+        return add_security_headers(response)
     if response.status_code >= 400 and response.mimetype != "application/json":
         error = request.routing_exception
         message = getattr(error, "description", None) or response.status
@@ -242,9 +254,19 @@ def sentence(message: str) -> str:
     return message[:1].upper() + message[1:]
 
 
+#: Pages that hold a visitor's own state (a CSRF token, a result's capability URL) are
+#: never kept by shared caches; a result page is not kept at all.
+INDEX_CACHE_CONTROL = "private, no-cache"
+RESULT_CACHE_CONTROL = "private, no-store"
+#: Values of ``?download=`` on a result image: an attachment, or shown inline.
+_YES, _NO = frozenset({"1", "true", "yes", "on"}), frozenset({"", "0", "false", "no", "off"})
+
+
 @blueprint.get("/")
-def index() -> str:
-    return render_template("animegan/index.html", animegan=_page())
+def index() -> Response:
+    response = make_response(render_template("animegan/index.html", animegan=_page()))
+    response.headers["Cache-Control"] = INDEX_CACHE_CONTROL
+    return response
 
 
 @blueprint.post("/upload")
@@ -260,12 +282,23 @@ def upload() -> BaseResponse:
 
 
 @blueprint.get("/result/<token>")
-def result(token: str) -> str:
+def result(token: str) -> Response:
     stored = get_service().results.get(token)
     if stored is None:
         abort(404, "this result has expired or never existed; convert the photo again")
-    return render_template("animegan/result.html", animegan=_page(
-        token=token, result=stored, download_name=_download_name(stored)))
+    response = make_response(render_template("animegan/result.html", animegan=_page(
+        token=token, result=stored, download_name=_download_name(stored))))
+    response.headers["Cache-Control"] = RESULT_CACHE_CONTROL
+    return response
+
+
+def _download_wanted(raw: str) -> bool:
+    """``?download=1`` (true, yes, on) asks for an attachment; 0 (false, no, off) or none
+    for the image inline; anything else is refused rather than guessed."""
+    value = raw.strip().lower()
+    if value in _YES or value in _NO:
+        return value in _YES
+    raise BadParameter(f"download must be 1 or 0, got {raw[:20]!r}")
 
 
 def _download_name(stored: StoredResult) -> str:
@@ -275,6 +308,7 @@ def _download_name(stored: StoredResult) -> str:
 
 @blueprint.get("/result/<token>/<any(original, anime):kind>")
 def result_image(token: str, kind: str) -> Response:
+    download = _download_wanted(request.args.get("download", ""))
     stored = get_service().results.get(token)
     if stored is None:
         abort(404, "this result has expired; convert the photo again")
@@ -282,7 +316,7 @@ def result_image(token: str, kind: str) -> Response:
         response = Response(stored.original, mimetype="image/jpeg")
     else:
         response = Response(stored.result, mimetype=stored.mimetype)
-        if request.args.get("download"):
+        if download:
             response.headers["Content-Disposition"] = (
                 f'attachment; filename="{_download_name(stored)}"')
     response.headers["Cache-Control"] = "private, max-age=300"
