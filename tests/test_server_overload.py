@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import io
 import os
 import signal
 import socket
+import struct
+import subprocess
+import sys
 import threading
 import time
+import zlib
 
+import numpy as np
 import pytest
 import requests
-from conftest import photo_bytes
+from conftest import REPO, free_port, photo_bytes
+from PIL import Image
 from servers import Server
 
 pytestmark = pytest.mark.server
 SOAK_REQUESTS = int(os.environ.get("ANIMEGAN_SOAK_REQUESTS", "500"))
+FLOOD_SECONDS = 10
 
 
 def start(models_dir, tmp_path, **env: str) -> Server:
@@ -149,3 +158,121 @@ def test_soak_sequential_conversions_without_errors_or_memory_growth(models_dir,
         assert growth < 0.05
     finally:
         server.stop()
+
+
+# -- floods: every conversion the app admits holds a thread, and one stays free ------------
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+          (0, 1, 1, 2))
+
+
+def slow_decode_png(side: int = 6300) -> bytes:
+    """A 39 KB palette PNG of side x side pixels (40 M: within ANIMEGAN_MAX_PIXELS), Adam7
+    interlaced: its all-zero rows deflate 1000:1, and decoding it inflates, de-interlaces
+    and converts 40 M pixels (about 0.4 s of a core alone, 1-2 s each in a flood)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body)))
+
+    deflate = zlib.compressobj(9)
+    rows = []
+    for x0, y0, dx, dy in _ADAM7:
+        width, height = (side - x0 + dx - 1) // dx, (side - y0 + dy - 1) // dy
+        rows.append(deflate.compress((b"\0" + bytes(width)) * height))  # filter 0, index 0
+    rows.append(deflate.flush())
+    header = struct.pack(">IIBBBBB", side, side, 8, 3, 0, 0, 1)  # 8-bit palette, Adam7
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"PLTE", bytes(3) + b"\xff" * 3)
+            + chunk(b"IDAT", b"".join(rows)) + chunk(b"IEND", b""))
+
+
+def big_upload(side: int = 2560) -> bytes:
+    """A 13 MB JPEG (noise at quality 100), under the 16 MiB ANIMEGAN_MAX_UPLOAD_BYTES."""
+    pixels = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "JPEG", quality=100)
+    return buffer.getvalue()
+
+
+FLOODS = {  # name: (upload, Content-Type, clients)
+    "slow-decode PNGs": (slow_decode_png, "image/png", 8),
+    "13 MB uploads": (big_upload, "image/jpeg", 12),
+}
+
+
+@pytest.mark.parametrize("kind", FLOODS)
+def test_a_flood_of_conversions_leaves_healthz_answering(models_dir, tmp_path, kind):
+    """Clients send conversions as fast as they are answered, for FLOOD_SECONDS; /healthz,
+    probed every 0.2 s on a new connection (as a load balancer does), answers each probe
+    within a second, and every conversion gets 200 or a 503 with Retry-After, never a reset.
+    gunicorn runs with its default threads (ANIMEGAN_MAX_QUEUE + 2: gunicorn.conf.py)."""
+    make, content_type, clients = FLOODS[kind]
+    data = make()
+    server = start(models_dir, tmp_path, ANIMEGAN_MAX_QUEUE="2", ANIMEGAN_SAMPLE_SIZE="0")
+    url = f"{server.url}/animegan/convert?size=128"
+    stop = threading.Event()
+    statuses: list[int] = []
+    missing_retry_after: list[int] = []
+    failures: list[str] = []
+    probes: list[float] = []
+
+    def client() -> None:
+        with requests.Session() as session:  # keep-alive, as browsers and SDKs do
+            while not stop.is_set():
+                try:
+                    response = session.post(url, data=data, timeout=120,
+                                            headers={"Content-Type": content_type})
+                except requests.RequestException as exc:
+                    failures.append(repr(exc))
+                    continue
+                statuses.append(response.status_code)
+                if response.status_code == 503 and not response.headers.get("Retry-After"):
+                    missing_retry_after.append(503)
+
+    def probe() -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                requests.get(f"{server.url}/animegan/healthz", timeout=60).raise_for_status()
+            except requests.RequestException as exc:
+                failures.append(f"/healthz: {exc!r}")
+            probes.append(time.monotonic() - began)
+            stop.wait(0.2)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    prober = threading.Thread(target=probe)
+    try:
+        for thread in threads:
+            thread.start()
+        time.sleep(1)  # the flood is on before the first probe
+        prober.start()
+        time.sleep(FLOOD_SECONDS)
+        stop.set()
+        for thread in (*threads, prober):
+            thread.join(180)
+        health = requests.get(f"{server.url}/animegan/healthz", timeout=10).json()
+    finally:
+        stop.set()
+        server.stop()
+    print(f"\n{kind}: {len(probes)} probes of /healthz, slowest {max(probes):.2f} s; "
+          f"conversions {collections.Counter(statuses)}")
+    assert failures == []
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 1, collections.Counter(statuses)
+    assert missing_retry_after == []
+    assert len(probes) >= FLOOD_SECONDS  # probed all along
+    assert max(probes) <= 1.0, sorted(probes)[-5:]
+    assert health["admission"] == {"admitted": 0, "capacity": 3,
+                                   "refused": health["admission"]["refused"]}
+
+
+def test_too_few_threads_stop_the_server_naming_the_fix(models_dir, tmp_path):
+    """--threads 3 with ANIMEGAN_MAX_QUEUE=2: three conversions would take every thread;
+    the worker refuses to serve, and gunicorn exits naming the settings and the fix."""
+    env = {**os.environ, "ANIMEGAN_MODELS_DIR": str(models_dir),
+           "ANIMEGAN_DEFAULT_STYLE": "test_style", "ANIMEGAN_MAX_QUEUE": "2",
+           "ANIMEGAN_BIND": f"127.0.0.1:{free_port()}", "ANIMEGAN_ACCESS_LOG": ""}
+    done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py",
+                           "--threads", "3", "example_app:app"], check=False, cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "3 threads (ANIMEGAN_THREADS or --threads)" in done.stderr, done.stderr[-3000:]
+    assert "admits 3 conversions at once (1 + ANIMEGAN_MAX_QUEUE)" in done.stderr
+    assert "Set ANIMEGAN_THREADS to 4 or more" in done.stderr

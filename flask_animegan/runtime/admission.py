@@ -1,0 +1,70 @@
+"""One count of the conversions inside the app, whatever they are doing.
+
+A conversion holds a server thread from the moment its request reaches the app until
+its response is done: while its upload is read, while it waits to be decoded, while it
+is decoded, while it waits for the model, while it runs and while it is encoded. The
+decode gate and the model's queue each bound one of those waits, but only one count
+over all of them keeps a thread free for ``/healthz`` and the pages. So the web
+conversions enter an :class:`Admission` before their body is read (at most
+``capacity`` at once; the next one gets 503 with Retry-After at once) and leave it
+when their request ends, however it ends. The CLI and ``convert()`` do not enter it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ..errors import Overloaded
+
+
+class Admission:
+    """At most ``capacity`` conversions in the app at once; ``retry_after`` estimates
+    how long a refused client should wait (the model queue's estimate)."""
+
+    def __init__(self, capacity: int, retry_after: Callable[[], int]) -> None:
+        self.capacity = capacity
+        self._retry_after = retry_after
+        self._lock = threading.Lock()
+        self._admitted = 0
+        self._refused = 0
+
+    def enter(self) -> Ticket:
+        """Admit one conversion, or raise :class:`Overloaded` (503) when ``capacity``
+        are in already; the ticket's ``leave()`` lets the next one in."""
+        with self._lock:
+            if self._admitted >= self.capacity:
+                self._refused += 1
+                wait = max(1, self._retry_after())
+                raise Overloaded(f"the server is busy with {self.capacity} other "
+                                 f"conversions; try again in {wait} s", wait)
+            self._admitted += 1
+        return Ticket(self)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._admitted -= 1
+
+    @property
+    def admitted(self) -> int:
+        return self._admitted
+
+    def status(self) -> dict[str, int]:
+        """For ``/healthz``: conversions in the app now, the most at once, refusals so far."""
+        with self._lock:
+            return {"admitted": self._admitted, "capacity": self.capacity,
+                    "refused": self._refused}
+
+
+class Ticket:
+    """One admitted conversion; ``leave()`` counts once, however often it is called."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission: Admission | None = admission
+        self._lock = threading.Lock()
+
+    def leave(self) -> None:
+        with self._lock:
+            admission, self._admission = self._admission, None
+        if admission is not None:
+            admission._leave()

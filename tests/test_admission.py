@@ -1,0 +1,234 @@
+"""Admission: at most 1 + ANIMEGAN_MAX_QUEUE web conversions in the app at once, whatever
+each is doing (reading its upload, waiting to be decoded, waiting for the model); the next
+gets 503 with Retry-After before its body is read, and every way a request ends lets the
+next one in. Real threads against test apps; gunicorn's side is in test_server_overload.py."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from conftest import REPO, convert, photo, photo_bytes
+
+MAX_QUEUE = 1
+ADMITTED = 1 + MAX_QUEUE
+ENDPOINTS = ("/animegan/convert", "/animegan/upload")
+
+
+class Body(io.RawIOBase):
+    """A request body that notes whether the app read it, and, when ``held``, arrives only
+    once ``release`` is set (``disconnect``: the client is gone by then, the body short)."""
+
+    def __init__(self, data: bytes, *, held: bool = False, disconnect: bool = False) -> None:
+        self.data, self.held, self.disconnect = io.BytesIO(data), held, disconnect
+        self.size = len(data)
+        self.reading, self.release = threading.Event(), threading.Event()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:  # werkzeug notes the position
+        return self.data.seek(offset, whence)
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        self.reading.set()
+        if self.held and not self.release.wait(30):
+            raise TimeoutError("the test never released the body")
+        if self.disconnect:
+            return 0
+        chunk = self.data.read(len(buffer))
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+
+def multipart(data: bytes) -> tuple[bytes, str]:
+    boundary = "admission-test"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; "
+            f"filename=\"p.jpg\"\r\nContent-Type: image/jpeg\r\n\r\n").encode()
+    return body + data + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def send(app, endpoint: str, body: Body, content_type: str, query: str = ""):
+    return app.test_client().post(endpoint + query, input_stream=body,
+                                  content_length=body.size, content_type=content_type)
+
+
+def upload_body(endpoint: str, data: bytes, **kwargs: bool) -> tuple[Body, str]:
+    if endpoint.endswith("/upload"):
+        data, content_type = multipart(data)
+        return Body(data, **kwargs), content_type
+    return Body(data, **kwargs), "image/jpeg"
+
+
+class Background(threading.Thread):
+    """One request in a thread of its own; ``response`` once it is answered."""
+
+    def __init__(self, call: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self.call, self.response = call, None
+
+    def run(self) -> None:
+        self.response = self.call()
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def admitted(app) -> int:
+    return app.extensions["animegan"].admission.status()["admitted"]
+
+
+# The stages a conversion can be in while it holds its thread. Each holds ADMITTED
+# conversions: all reading their bodies, or one reading and the others waiting for the
+# decoder or the model, which the test keeps busy through its gate (as another request).
+STAGES = ("reading the upload", "waiting for the decoder", "waiting for the model")
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("stage", STAGES)
+def test_the_conversion_after_the_admitted_ones_gets_503_before_its_body_is_read(
+        make_app, endpoint, stage):
+    app = make_app(ANIMEGAN_MAX_QUEUE=MAX_QUEUE, ANIMEGAN_DECODE_SLOTS=1)
+    service = app.extensions["animegan"]
+    gate = {"waiting for the decoder": service.decoder.gate.slot(MAX_QUEUE, 60),
+            "waiting for the model": service.engine.gate.slot()}.get(stage)
+    held: list[tuple[Body, Background]] = []
+    with gate or contextlib.nullcontext():
+        waiting = 0 if gate is None else ADMITTED - 1
+        for _ in range(waiting):  # these pass their reading and wait at the busy gate
+            body, content_type = upload_body("/animegan/convert", photo_bytes())
+            held.append((body, Background(lambda b=body, c=content_type:
+                                          send(app, "/animegan/convert", b, c))))
+            held[-1][1].start()
+        wait_for(lambda: admitted(app) == waiting, "the waiting conversions")
+        if stage == "waiting for the decoder":
+            wait_for(lambda: service.decoder.gate.pending == 1 + waiting, "the decode queue")
+        if stage == "waiting for the model":
+            wait_for(lambda: service.engine.status()["queued"] == waiting, "the model queue")
+        for _ in range(ADMITTED - waiting):  # these hold their thread while reading
+            body, content_type = upload_body(endpoint, photo_bytes(), held=True)
+            held.append((body, Background(lambda b=body, c=content_type:
+                                          send(app, endpoint, b, c))))
+            held[-1][1].start()
+            wait_for(body.reading.is_set, "a held conversion reading its body")
+        assert admitted(app) == ADMITTED
+
+        health = app.test_client().get("/animegan/healthz").json
+        assert health["admission"]["admitted"] == ADMITTED == health["admission"]["capacity"]
+        began = time.monotonic()
+        body, content_type = upload_body(endpoint, photo_bytes())
+        refused = send(app, endpoint, body, content_type)
+        assert time.monotonic() - began < 5  # at once, not after a wait
+        assert refused.status_code == 503
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert not body.reading.is_set(), "the refused upload was read"
+        message = refused.json["error"] if endpoint.endswith("/convert") else refused.text
+        assert "busy" in message and "try again in" in message
+        for body, _ in held:
+            body.release.set()
+    for _, request in held:
+        request.join(60)
+        assert request.response is not None and request.response.status_code < 500
+    assert admitted(app) == 0
+    assert app.extensions["animegan"].admission.status()["refused"] == 1
+    assert convert(app.test_client(), photo_bytes()).status_code == 200
+
+
+def _host_hook_fails(app) -> None:
+    @app.before_request
+    def fail() -> None:
+        raise RuntimeError("the host's before_request failed")
+
+
+# How a conversion's request can end: (config, query, body, content type, host setup,
+# expected status). Each ends ADMITTED + 1 times in a row; one leak would refuse the last.
+OUTCOMES = {
+    "converted": ({}, "", lambda: photo_bytes(), "image/jpeg", None, 200),
+    "not an image": ({}, "", lambda: b"not an image" * 10, "image/jpeg", None, 400),
+    "bad parameter": ({}, "?size=abc", lambda: photo_bytes(), "image/jpeg", None, 400),
+    "unsupported type": ({}, "", lambda: photo_bytes(), "text/plain", None, 415),
+    "too large": ({"ANIMEGAN_MAX_UPLOAD_BYTES": 1000}, "", lambda: photo_bytes(),
+                  "image/jpeg", None, 413),
+    "unknown style": ({}, "?style=nope", lambda: photo_bytes(), "image/jpeg", None, 404),
+    "rate limited": ({"ANIMEGAN_RATE_LIMIT": "1 per minute"}, "", lambda: photo_bytes(),
+                     "image/jpeg", None, 429),
+    "client disconnected": ({}, "", "disconnect", "image/jpeg", None, 400),
+    "the host's code failed": ({"TESTING": False}, "", lambda: photo_bytes(), "image/jpeg",
+                               _host_hook_fails, 500),
+}
+
+
+@pytest.mark.parametrize("outcome", OUTCOMES)
+def test_every_way_a_conversion_ends_lets_the_next_one_in(make_app, outcome):
+    config, query, make, content_type, setup, status = OUTCOMES[outcome]
+    app = make_app(ANIMEGAN_MAX_QUEUE=MAX_QUEUE, **config)
+    if setup is not None:
+        setup(app)
+    client = app.test_client()
+    statuses = []
+    for _ in range(ADMITTED + 1):
+        if make == "disconnect":
+            body = Body(photo_bytes(), disconnect=True)
+        else:
+            body = Body(make())
+        response = client.post(f"/animegan/convert{query}", input_stream=body,
+                               content_length=body.size, content_type=content_type)
+        statuses.append(response.status_code)
+    assert set(statuses) - {200} == ({status} - {200}) and statuses[-1] == status, statuses
+    assert admitted(app) == 0
+
+
+def test_the_python_api_and_the_cli_are_not_admitted(make_app, tmp_path):
+    """convert() and `flask animegan convert` run beside full admission: they hold no
+    server thread of a web client."""
+    app = make_app(ANIMEGAN_MAX_QUEUE=0)
+    service = app.extensions["animegan"]
+    ticket = service.admission.enter()  # one web conversion in: the app is full
+    try:
+        assert service.convert(photo(), size=64).size[0] == 64
+        (tmp_path / "in").mkdir()
+        (tmp_path / "in" / "p.jpg").write_bytes(photo_bytes())
+        result = app.test_cli_runner().invoke(args=[
+            "animegan", "convert", str(tmp_path / "in"), "-o", str(tmp_path / "out"),
+            "--size", "64"])
+        assert result.exit_code == 0, result.output
+        assert list((tmp_path / "out").iterdir())
+        assert convert(app.test_client(), photo_bytes()).status_code == 503
+    finally:
+        ticket.leave()
+    assert convert(app.test_client(), photo_bytes()).status_code == 200
+
+
+@pytest.mark.parametrize(("environ", "threads"), [
+    ({}, 4),  # today's default: 1 running + 2 queued + 1 free
+    ({"ANIMEGAN_MAX_QUEUE": "0"}, 2),
+    ({"ANIMEGAN_MAX_QUEUE": "8"}, 10),
+    ({"ANIMEGAN_MAX_QUEUE": "8", "ANIMEGAN_THREADS": "16"}, 16),  # set: kept as given
+    ({"ANIMEGAN_MAX_QUEUE": "many"}, 4),  # the app refuses it at start, by name
+])
+def test_gunicorn_conf_derives_its_threads_from_the_queue(environ, threads):
+    """gunicorn.conf.py, loaded as gunicorn loads it, derives its thread count from the
+    settings without importing flask_animegan (torch would come with it)."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("ANIMEGAN_MAX_QUEUE", "ANIMEGAN_THREADS")}
+    code = ("import json, runpy, sys; conf = runpy.run_path('gunicorn.conf.py'); "
+            "print(json.dumps([conf['threads'], sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('torch', 'flask_animegan'))]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, **environ},
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.splitlines()[-1]) == [threads, []]
