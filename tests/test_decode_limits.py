@@ -13,7 +13,7 @@ from conftest import convert, encode_image, open_image, photo_bytes
 from PIL import Image
 
 from flask_animegan.errors import ImageTooLarge, Overloaded
-from flask_animegan.inputs.decoding import DecodeLimits, count_jpeg_scans
+from flask_animegan.inputs.decoding import DecodeLimits, count_jpeg_scans, decode_cost
 from flask_animegan.inputs.isolation import DecodeGate, Decoder
 
 
@@ -101,16 +101,38 @@ def test_a_decode_past_its_memory_budget_fails_in_the_helper_not_the_server():
         pool.discard(helper)
 
 
-def test_byte_budget_counts_bit_depth_and_bands(make_app):
-    client = make_app(ANIMEGAN_MAX_DECODE_BYTES=10 << 20).test_client()
-    # 1400 x 1400: 8-bit gray needs 9.4 MiB with its RGB copy, 16-bit 11.2 MiB
-    gray8 = Image.new("L", (1400, 1400), 100)
-    gray16 = Image.new("I;16", (1400, 1400), 30000)
-    assert convert(client, encode_image(gray8, "PNG")).status_code == 200
-    response = convert(client, encode_image(gray16, "PNG"))
+def test_byte_budget_counts_bands_and_copies(make_app):
+    # an RGBA image is stored in 4 bytes a pixel and pasted onto a white RGB copy (8 in
+    # all); an 8-bit gray one needs 1 and its RGB copy (5)
+    gray = encode_image(Image.new("L", (1400, 1400), 100), "PNG")
+    rgba = encode_image(Image.new("RGBA", (1400, 1400), (9, 9, 9, 99)), "PNG")
+    gray_cost, rgba_cost = (decode_cost(data, size=128) for data in (gray, rgba))
+    assert rgba_cost > 1.5 * gray_cost
+    client = make_app(ANIMEGAN_MAX_DECODE_BYTES=(gray_cost + rgba_cost) // 2).test_client()
+    assert convert(client, gray).status_code == 200
+    response = convert(client, rgba)
     assert response.status_code == 413 and "MiB" in response.json["error"]
 
 
+def _resident() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmRSS:"))
+
+
+@pytest.mark.parametrize("segments", [500_000, 1_500_000])
+def test_a_jpeg_full_of_segments_is_walked_in_the_helper_not_the_worker(client, segments):
+    """Everything the server does with an upload's bytes runs in its helper process: a
+    JPEG of a million empty comments costs the request's own thread (the Flask client
+    runs the request in this one) no walking, and this process no memory."""
+    photo = photo_bytes("astronaut")
+    data = photo[:2] + b"\xff\xfe\x00\x02" * segments + photo[2:]
+    convert(client, photo_bytes("coffee"))  # a helper is up
+    resident, started = _resident(), time.thread_time()
+    response = convert(client, data)
+    cpu = time.thread_time() - started
+    assert response.status_code in (200, 413), response.status_code
+    assert cpu < 1, f"{cpu:.2f} s of this thread's CPU"  # walking it takes seconds
+    assert _resident() - resident < 50 << 20  # Pillow keeps ~100 bytes a segment
 @pytest.mark.parametrize("size", [(1, 4000), (4000, 1), (30, 1000)])
 def test_extreme_aspect_ratios_are_refused(client, size):
     response = convert(client, encode_image(Image.new("L", size, 9), "PNG"))

@@ -7,8 +7,9 @@ the file's header, before a pixel is decoded:
 
 * the format is one we accept (decided by content, not by name or Content-Type);
 * the area is within ``max_pixels`` and the aspect ratio within ``max_aspect``;
-* the memory the decode needs (area x bytes per pixel of Pillow's storage, plus the
-  RGB copy) is within ``max_bytes``: this counts bit depth and bands, not only pixels;
+* the memory the decode needs at its peak (:func:`decode_bytes_needed`: Pillow's storage
+  for the mode, the decoder's own buffers, every copy on the way to the fitted RGB image,
+  and what Pillow keeps of the file's metadata) is within ``max_bytes``;
 * a JPEG has at most ``max_scans`` scans (a progressive JPEG is decoded once per scan,
   so repeating a scan a thousand times makes a 200 KB file cost a minute of CPU).
 
@@ -28,7 +29,7 @@ import math
 import re
 import struct
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
@@ -73,6 +74,29 @@ class DecodeLimits:
     max_scans: int = 32
 
 
+# -- what a decode costs ------------------------------------------------------------------
+# Each term is a buffer alive at the decode's peak, on the path decode_upload takes:
+# the decoder's own buffers beside Pillow's image, then each conversion step with its
+# input and its output (the input is released as soon as its output exists), then the
+# resize. tests/test_decode_memory.py measures every path's peak in a fresh process
+# against this estimate.
+
+#: Bytes Pillow keeps for each JPEG marker segment it reads before the first scan (a
+#: tuple in ``applist``; measured 80-100), so 1.5 M empty comments cost 150 MB.
+JPEG_SEGMENT_BYTES = 128
+#: libwebp's animation decoder (Pillow's only WebP reader) keeps two RGBA canvases of
+#: its own, the frame and the disposed previous frame, for as long as the file is open.
+_WEBP_CANVASES = 2
+#: Rows of a high-bit-depth or float image are brought to 8 bits this many pixels at
+#: a time, so the float temporaries stay small (about 20 bytes a pixel of the band).
+_GRAY_BAND_PIXELS = 1 << 16
+_GRAY_BAND_BYTES = 20 * _GRAY_BAND_PIXELS
+#: What parsing and applying an ICC profile costs beside the pixels: lcms's tables for
+#: the transform, and a few copies of the profile itself.
+_ICC_FIXED_BYTES = 2 << 20
+_ICC_PROFILE_COPIES = 4
+
+
 def storage_bytes(mode: str) -> int:
     """Bytes per pixel Pillow allocates for an image of ``mode``."""
     if mode in _ONE_BYTE_MODES:
@@ -82,9 +106,123 @@ def storage_bytes(mode: str) -> int:
     return 4
 
 
-def decode_bytes_needed(mode: str, width: int, height: int) -> int:
-    """Memory a full decode plus its RGB copy needs (the budget ``max_bytes`` applies to)."""
-    return width * height * (storage_bytes(mode) + (0 if mode == "RGB" else _RGB_BYTES))
+def decode_bytes_needed(image: ImageFile.ImageFile, *, kept: int, multi_scan: bool, size: int,
+                        square: bool, source_size: tuple[int, int]) -> int:
+    """The peak memory of decoding ``image`` (opened, not loaded; a JPEG after its draft)
+    into the fitted RGB image: the budget ``max_bytes`` applies to this.
+
+    ``kept``: what Pillow holds of the file beside the pixels; ``multi_scan``: a JPEG
+    whose coefficients libjpeg keeps (both from :func:`open_upload`). ``source_size``:
+    the file's own size (the coefficients are kept at full size).
+    """
+    width, height = image.size
+    area = width * height
+    persistent, transient = _decoder_bytes(image, multi_scan, source_size)
+    to_rgb_bytes = area * _conversion_bytes_per_pixel(image)
+    if image.mode.startswith("I") or image.mode == "F":
+        to_rgb_bytes += _GRAY_BAND_BYTES
+    icc = image.info.get("icc_profile")
+    if icc and image.mode in _ICC_MODES:
+        kept += _ICC_FIXED_BYTES + _ICC_PROFILE_COPIES * len(icc)
+    resize, out = _fit_bytes(width, height, size, square, source_size)
+    # Pillow's getexif reads EXIF, XMP, and a PNG's eXIf chunk, which may follow the pixels
+    turn = out if image.format == "PNG" or {"exif", "xmp", "XML:com.adobe.xmp"} & set(
+        image.info) else 0
+    stages = (persistent + transient + area * storage_bytes(image.mode),  # loading
+              persistent + to_rgb_bytes,  # to RGB, the file still open
+              _RGB_BYTES * area + resize,  # fitting, the file closed
+              out + turn)  # the EXIF turn of the fitted image
+    return max(stages) + kept
+
+
+def _decoder_bytes(image: ImageFile.ImageFile, multi_scan: bool,
+                   source_size: tuple[int, int]) -> tuple[int, int]:
+    """The decoder's own buffers: (alive until the file is closed, alive while loading)."""
+    width, height = image.size
+    codec = image.tile[0][0] if image.tile else ""
+    if image.format == "WEBP":
+        # the canvases, then the frame handed over as bytes while Pillow copies it in;
+        # with alpha, 4 bytes a pixel more (measured: 20 a pixel in all, against 16)
+        canvases = (_WEBP_CANVASES + (image.mode == "RGBA")) * 4 * width * height
+        return canvases, 4 * width * height
+    if image.format == "JPEG" and (multi_scan or image.info.get("progressive")):
+        return 0, _jpeg_coefficient_bytes(image, *source_size)
+    if codec == "libtiff":
+        return 0, _tiff_strip_bytes(image)
+    if codec == "bmp_rle":
+        # the whole image expanded into a bytearray (grown by an eighth), then its copy
+        return 0, math.ceil(2.25 * width * height)
+    return 0, 0
+
+
+def _jpeg_coefficient_bytes(image: Image.Image, width: int, height: int) -> int:
+    """A progressive or multi-scan JPEG keeps every DCT coefficient (2 bytes, 64 a block)
+    of every component at the file's full size, whatever the draft scale."""
+    layers = getattr(image, "layer", None) or [("", 1, 1, 0)] * len(image.getbands())
+    sampling = [(int(layer[1]), int(layer[2])) for layer in layers]
+    h_max, v_max = max(h for h, _ in sampling), max(v for _, v in sampling)
+    mcu_columns, mcu_rows = math.ceil(width / (8 * h_max)), math.ceil(height / (8 * v_max))
+    return 128 * sum(mcu_columns * h * mcu_rows * v for h, v in sampling)
+
+
+def _tiff_strip_bytes(image: Image.Image) -> int:
+    """libtiff decodes one strip or tile at a time into a buffer of its own: at least 4
+    bytes a pixel (RGBA for YCbCr), more for wide samples, and a JPEG's coefficients."""
+    width, height = image.size
+    tags = getattr(image, "tag_v2", {})
+    bits = tags.get(258, (8,))
+    bits = bits if isinstance(bits, tuple) else (bits,)
+    sample_bytes = math.ceil(sum(int(b) for b in bits) * max(1, int(tags.get(277, 1)))
+                             / max(1, len(bits)) / 8)
+    if 322 in tags and 323 in tags:
+        pixels = int(tags[322]) * int(tags[323])
+    else:
+        pixels = width * min(height, int(tags.get(278, height)) or height)
+    jpeg = 10 if tags.get(259) in (6, 7) else 0
+    return pixels * (max(4, sample_bytes) + jpeg)
+
+
+_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "La", "RGBa"})
+#: Modes that paste onto RGB with their own alpha as the mask, without an RGBA copy.
+_PASTE_MODES = frozenset({"RGBA", "LA"})
+_ICC_MODES = frozenset({"RGB", "RGBA", "CMYK", "L"})
+
+
+def _conversion_bytes_per_pixel(image: Image.Image) -> int:
+    """The most bytes a pixel that :func:`to_rgb` needs at once, the step's input and
+    its output alive together (the path of :func:`to_rgb`, step by step)."""
+    mode, current = image.mode, storage_bytes(image.mode)
+    peak = current
+    alpha = mode in _ALPHA_MODES or "transparency" in image.info
+    if mode.startswith("I") or mode == "F":
+        peak, current, mode, alpha = current + 1, 1, "L", False  # to 8-bit gray
+    elif image.info.get("icc_profile") and mode in _ICC_MODES:
+        mode = "RGBA" if mode == "RGBA" else "RGB"
+        peak, current = max(peak, current + _RGB_BYTES), _RGB_BYTES
+    if alpha and mode not in _PASTE_MODES:
+        peak, current = max(peak, current + _RGB_BYTES), _RGB_BYTES  # the RGBA copy
+    if alpha or mode != "RGB":
+        peak = max(peak, current + _RGB_BYTES)  # the RGB image
+    return peak
+
+
+def _fit_bytes(width: int, height: int, size: int, square: bool,
+               source_size: tuple[int, int]) -> tuple[int, int]:
+    """What :func:`fit` allocates (a crop, or Pillow's reduce, its horizontal pass and the
+    output) and the output's own bytes."""
+    box_width, box_height = (min(width, height),) * 2 if square else (width, height)
+    full = (min(source_size),) * 2 if square else source_size
+    target_width, target_height = output_size(*full, size)
+    out = _RGB_BYTES * target_width * target_height
+    if (target_width, target_height) == (box_width, box_height):
+        return out if square else 0, out
+    factor_x = int(box_width / target_width / 3) or 1
+    factor_y = int(box_height / target_height / 3) or 1
+    reduced = 0
+    if factor_x > 1 or factor_y > 1:
+        box_width, box_height = -(-box_width // factor_x), -(-box_height // factor_y)
+        reduced = box_width * box_height
+    return _RGB_BYTES * (reduced + target_width * box_height) + out, out
 
 
 # -- JPEG scans ----------------------------------------------------------------------
@@ -94,14 +232,32 @@ _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and RSTn carry no len
 _NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7]")
 
 
-def count_jpeg_scans(data: bytes) -> int:
-    """Count the SOS markers of the JPEG in ``data`` by walking its segments (no decoding).
+@dataclass(frozen=True)
+class JpegLayout:
+    """What walking a JPEG's segments tells, before Pillow reads it."""
+
+    #: SOS markers in the file.
+    scans: int
+    #: Marker segments before the first scan (Pillow keeps a tuple for each).
+    segments: int
+    #: Bytes of their payloads (Pillow keeps a copy of each, and joins ICC chunks).
+    payload: int
+
+    @property
+    def kept_bytes(self) -> int:
+        """What Pillow holds of this file's metadata once it is open."""
+        return self.segments * JPEG_SEGMENT_BYTES + 2 * self.payload
+
+
+def jpeg_layout(data: bytes) -> JpegLayout:
+    """Walk the segments of the JPEG in ``data`` (no decoding, no copies).
 
     Segments are skipped by their length fields and entropy-coded data up to its next
     marker, so bytes inside EXIF blocks or thumbnails are not counted. A truncated file
-    counts the scans seen so far.
+    counts what was seen so far.
     """
-    scans, pos, end = 0, 2, len(data)
+    scans = segments = payload = 0
+    pos, end = 2, len(data)
     while pos + 4 <= end:
         if data[pos] != 0xFF:
             found = _NEXT_MARKER.search(data, pos)
@@ -126,14 +282,52 @@ def count_jpeg_scans(data: bytes) -> int:
             if found is None:
                 break
             pos = found.start()
-    return scans
+        elif not scans:
+            segments += 1
+            payload += length
+    return JpegLayout(scans, segments, payload)
+
+
+def count_jpeg_scans(data: bytes) -> int:
+    """The number of SOS markers of the JPEG in ``data`` (see :func:`jpeg_layout`)."""
+    return jpeg_layout(data).scans
 
 
 # -- the decode ------------------------------------------------------------------------
-def open_upload(data: bytes, limits: DecodeLimits) -> Image.Image:
+@dataclass(frozen=True)
+class OpenedUpload:
+    """An upload opened lazily by :func:`open_upload`, with what it costs before its pixels."""
+
+    image: ImageFile.ImageFile
+    #: Bytes Pillow holds of the file beside the pixels: metadata, copies of the file.
+    kept: int
+    #: A JPEG with more than one scan (or progressive): libjpeg keeps all its coefficients.
+    multi_scan: bool = False
+
+
+#: Copies of the file a reader makes (WebP: Pillow's and libwebp's; GIF: its joined
+#: comments; TIFF: see :func:`_tiff_file_copies`).
+_FILE_COPIES = {"WEBP": 2, "GIF": 2}
+
+
+def _tiff_file_copies(image: ImageFile.ImageFile) -> int:
+    """libtiff is handed the whole file as one copy; the raw reader reads one strip (and
+    joins it to what is left of the last) at a time, or 64 KiB blocks of a single one."""
+    if image.tile and image.tile[0][0] == "libtiff":
+        return 1
+    return 2 if len(image.tile) > 1 else 0
+
+
+def open_upload(data: bytes, limits: DecodeLimits) -> OpenedUpload:
     """Open ``data`` lazily and check everything the header tells; no pixel is decoded."""
     if not data:
         raise BadImage(f"the upload is empty; {ACCEPTED_HINT}")
+    layout = jpeg_layout(data) if data.startswith(b"\xff\xd8\xff") else None
+    if layout is not None and layout.kept_bytes > limits.max_bytes:
+        # checked before Pillow reads the segments: it keeps a tuple for each
+        raise ImageTooLarge(f"the JPEG has {layout.segments:,} metadata segments; reading "
+                            f"them needs {layout.kept_bytes >> 20} MiB, the limit is "
+                            f"{limits.max_bytes >> 20} MiB. Save it again without them")
     try:
         image = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
     except UnidentifiedImageError:
@@ -155,11 +349,45 @@ def open_upload(data: bytes, limits: DecodeLimits) -> Image.Image:
     if image.format == "GIF":
         _check_gif_frame(image)
     if image.format == "JPEG":
-        scans = count_jpeg_scans(data)
-        if scans > limits.max_scans:
-            raise ImageTooLarge(f"the JPEG has {scans:,} scans; at most {limits.max_scans} "
-                                "are accepted. Save it again as a baseline JPEG")
-    return image
+        layout = layout or jpeg_layout(data)
+        if layout.scans > limits.max_scans:
+            raise ImageTooLarge(f"the JPEG has {layout.scans:,} scans; at most "
+                                f"{limits.max_scans} are accepted. Save it again as a "
+                                "baseline JPEG")
+        return OpenedUpload(image, layout.kept_bytes, layout.scans > 1)
+    if image.format == "PNG":
+        return OpenedUpload(image, png_kept_bytes(data))
+    if image.format == "TIFF":
+        return OpenedUpload(image, _tiff_file_copies(image) * len(data))
+    return OpenedUpload(image, _FILE_COPIES.get(cast(str, image.format), 0) * len(data))
+
+
+# Pillow's limits on PNG text: each compressed chunk inflates to at most MAX_TEXT_CHUNK,
+# all text together to at most MAX_TEXT_MEMORY (it then refuses the file).
+_PNG_TEXT = frozenset({b"tEXt", b"zTXt", b"iTXt"})
+
+
+def png_kept_bytes(data: bytes) -> int:
+    """What Pillow holds of a PNG beside its pixels: its text (compressed text counted at
+    the most it may inflate to), profile and EXIF, from the chunk headers alone."""
+    from PIL import PngImagePlugin
+
+    chunk_limit, text_limit = PngImagePlugin.MAX_TEXT_CHUNK, PngImagePlugin.MAX_TEXT_MEMORY
+    text = other = 0
+    pos, end = 8, len(data)
+    while pos + 8 <= end:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        if kind in _PNG_TEXT:
+            text += length if kind == b"tEXt" else chunk_limit
+        elif kind == b"iCCP":
+            other += chunk_limit
+        elif kind == b"eXIf":
+            other += 2 * length
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    # the text as str, one chunk's bytes on the way
+    return min(text, text_limit) + chunk_limit * (text > 0) + other
 
 
 #: A GIF's first frame may leave part of its screen empty, but not most of a large one:
@@ -193,23 +421,22 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
     (400), ImageTooLarge (413) or UnsupportedImage (415) with a message fit for the
     person who sent the file.
     """
-    image = open_upload(data, limits)
+    opened, needed, source_size = _open_and_plan(data, limits, size, square)
+    image = opened.image
     fmt = image.format
+    width, height = source_size
     try:
-        width, height = image.size
-        if fmt == "JPEG":
-            scale = DRAFT_MARGIN * size / (min(width, height) if square else max(width, height))
-            if scale < 1:
-                image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-        needed = decode_bytes_needed(image.mode, *image.size)
         if needed > limits.max_bytes:
             raise ImageTooLarge(
-                f"decoding this {width}x{height} {image.mode} image needs {needed >> 20} MiB; "
-                f"the limit is {limits.max_bytes >> 20} MiB. Send a smaller image (fewer "
-                "pixels or 8 bits per channel)")
+                f"decoding this {width}x{height} {image.mode} {fmt} image needs "
+                f"{needed >> 20} MiB; the limit is {limits.max_bytes >> 20} MiB. Send a "
+                "smaller image (fewer pixels or 8 bits per channel)")
         orientation = _orientation(image)
         image.load()  # the first frame of an animation
-        fitted = fit(to_rgb(image), size, square=square, source_size=(width, height))
+        rgb = _to_rgb(image, release=True)
+        del image, opened  # and with them the decoder's own buffers (libwebp's canvases)
+        fitted = fit(rgb, size, square=square, source_size=source_size)
+        del rgb
         if orientation in _TRANSPOSE:
             fitted = fitted.transpose(_TRANSPOSE[orientation])
         if orientation in _TURNS:
@@ -222,6 +449,34 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
                             "send a smaller image") from None
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt data
         raise _corrupt(fmt, exc) from None
+
+
+def decode_cost(data: bytes, *, size: int, square: bool = False,
+                limits: DecodeLimits | None = None) -> int:
+    """The peak memory :func:`decode_upload` would count for ``data`` (the figure held
+    against ``max_bytes``); no pixel is decoded. For tests and tools."""
+    limits = limits or DecodeLimits(max_pixels=10**12, max_bytes=1 << 62,
+                                    max_aspect=1e9, max_scans=10**9)
+    return _open_and_plan(data, limits, size, square)[1]
+
+
+def _open_and_plan(data: bytes, limits: DecodeLimits, size: int,
+                   square: bool) -> tuple[OpenedUpload, int, tuple[int, int]]:
+    """The opened upload (a large JPEG set to its reduced DCT scale), its peak memory
+    and the file's own size."""
+    opened = open_upload(data, limits)
+    image = opened.image
+    source_size = width, height = image.size
+    try:
+        if image.format == "JPEG":
+            scale = DRAFT_MARGIN * size / (min(width, height) if square else max(width, height))
+            if scale < 1:
+                image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
+        needed = decode_bytes_needed(image, kept=opened.kept, multi_scan=opened.multi_scan,
+                                     size=size, square=square, source_size=source_size)
+    except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt data
+        raise _corrupt(image.format, exc) from None
+    return opened, needed, source_size
 
 
 def _corrupt(fmt: str | None, exc: BaseException) -> BadImage:
@@ -260,61 +515,104 @@ def _orientation(image: Image.Image) -> int:
 
 # -- colour ----------------------------------------------------------------------------
 _SRGB = ImageCms.createProfile("sRGB")
-_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "La", "RGBa"})
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
     """Any mode (1, L, LA, P, RGBA, CMYK, I;16, I, F, ...) to RGB in sRGB, alpha over white.
 
-    High-bit-depth and float images are brought to 8 bits without full-size float64
-    copies: 16-bit samples keep their top byte, other integer and float images are
-    scaled by their range (floats within [0, 1] by 255).
+    High-bit-depth and float images are brought to 8 bits a band of rows at a time:
+    16-bit samples keep their top byte, other integer and float images are scaled by
+    their range (floats within [0, 1] by 255). ``image`` itself is left as it was.
     """
+    return _to_rgb(image, release=False)
+
+
+def _to_rgb(image: Image.Image, *, release: bool) -> Image.Image:
+    """:func:`to_rgb`; with ``release``, each image (``image`` too) is closed as soon as
+    the next step's output exists, so no more than two are alive at once."""
+
+    def step(new: Image.Image) -> Image.Image:
+        if release and new is not image:
+            image.close()
+        return new
+
     if image.mode.startswith("I") or image.mode == "F":
-        image = _to_8bit_gray(image)
+        image = step(_to_8bit_gray(image))
     icc = image.info.get("icc_profile")
-    if icc and image.mode in ("RGB", "RGBA", "CMYK", "L"):
+    if icc and image.mode in _ICC_MODES:
         try:
             source = ImageCms.ImageCmsProfile(io.BytesIO(icc))
             out_mode = "RGBA" if image.mode == "RGBA" else "RGB"
             # not in place, so a new image (typed Image | None for inPlace=True)
-            image = cast(Image.Image, ImageCms.profileToProfile(image, source, _SRGB,
-                                                                outputMode=out_mode))
+            image = step(cast(Image.Image, ImageCms.profileToProfile(
+                image, source, _SRGB, outputMode=out_mode)))
         except (ImageCms.PyCMSError, OSError, ValueError, TypeError):
             pass  # an unusable profile: keep the pixels as they are
     if image.mode in _ALPHA_MODES or "transparency" in image.info:
-        rgba = image.convert("RGBA")
-        rgb = Image.new("RGB", rgba.size, (255, 255, 255))
-        rgb.paste(rgba, mask=rgba.getchannel("A"))
-    else:
-        rgb = image.convert("RGB") if image.mode != "RGB" else image
-    rgb.info = {}  # drop EXIF, GPS, comments and the (now applied) ICC profile
-    return rgb
+        if image.mode not in _PASTE_MODES:
+            image = step(image.convert("RGBA"))
+        rgb = Image.new("RGB", image.size, (255, 255, 255))
+        rgb.paste(image, mask=image)  # the image's own alpha band is the mask
+        image = step(rgb)
+    elif image.mode != "RGB":
+        image = step(image.convert("RGB"))
+    image.info = {}  # drop EXIF, GPS, comments and the (now applied) ICC profile
+    return image
 
 
 def _to_8bit_gray(image: Image.Image) -> Image.Image:
-    array = np.asarray(image)
-    if image.mode.startswith("I;16") or array.dtype == np.uint16:
-        return Image.fromarray((array >> 8).astype(np.uint8), "L")
+    """An L image of a 16-bit, 32-bit or float one, converted a band of rows at a time."""
+    width, height = image.size
+    rows = max(1, _GRAY_BAND_PIXELS // width)
+    bands = [(top, min(height, top + rows)) for top in range(0, height, rows)]
+
+    def band(top: int, bottom: int) -> np.ndarray:
+        array = np.asarray(image.crop((0, top, width, bottom)))
+        if array.dtype.kind == "f":
+            # one float32 copy (np.asarray of a Pillow image is read-only)
+            return np.nan_to_num(array.astype(np.float32, copy=True), copy=False,
+                                 nan=0.0, posinf=0.0, neginf=0.0)
+        return array
+
+    sixteen = image.mode.startswith("I;16")
+    low = high = 0
+    if not sixteen:
+        for top, bottom in bands:
+            array = band(top, bottom)
+            if array.dtype == np.uint16:
+                sixteen = True
+                break
+            low = min(low, array.min(initial=0))
+            high = max(high, array.max(initial=0))
+    out = np.empty((height, width), np.uint8)
+    for top, bottom in bands:
+        out[top:bottom] = _band_to_8bit(band(top, bottom), sixteen, low, high)
+    return Image.fromarray(out, "L")
+
+
+def _band_to_8bit(array: np.ndarray, sixteen: bool, low: float,
+                  high: float) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """One band of rows to 8 bits, given the whole image's range (``low`` <= 0 <= ``high``)."""
+    if sixteen:
+        return (array >> 8).astype(np.uint8)
     if array.dtype.kind == "f":
-        # one float32 copy (np.asarray of a Pillow image is read-only)
-        array = np.nan_to_num(array.astype(np.float32, copy=True), copy=False,
-                              nan=0.0, posinf=0.0, neginf=0.0)
-        low, high = float(array.min(initial=0.0)), float(array.max(initial=0.0))
+        low, high = float(low), float(high)
         if low >= 0.0 and high <= 1.0:
             scaled = array * np.float32(255.0)
         elif low >= 0.0 and high <= 255.0:
             scaled = array
         else:
             scaled = (array - np.float32(low)) * np.float32(255.0 / max(high - low, 1e-12))
-        return Image.fromarray(np.clip(scaled, 0, 255, out=scaled).astype(np.uint8), "L")
-    low, high = int(array.min(initial=0)), int(array.max(initial=0))
+        clipped: np.ndarray[Any, Any] = np.clip(scaled, 0, 255, out=scaled)
+        return clipped.astype(np.uint8)
+    low, high = int(low), int(high)
     if low >= 0 and high <= 255:
-        return Image.fromarray(array.astype(np.uint8), "L")
+        return array.astype(np.uint8)
     if low >= 0 and high <= 65535:  # 16-bit samples in a 32-bit image
-        return Image.fromarray((array >> 8).astype(np.uint8), "L")
+        return (array >> 8).astype(np.uint8)
     span = np.float32(255.0 / max(high - low, 1))
-    return Image.fromarray(((array - low).astype(np.float32) * span).astype(np.uint8), "L")
+    shifted = (array - low).astype(np.float32)
+    return cast("np.ndarray[Any, np.dtype[np.uint8]]", (shifted * span).astype(np.uint8))
 
 
 # -- size ------------------------------------------------------------------------------
@@ -333,14 +631,16 @@ def fit(image: Image.Image, size: int, square: bool = False,
     is symmetric in width and height, so a later 90-degree turn does not change it.)
     """
     full_width, full_height = source_size or image.size
+    width, height = image.size
+    box = (0, 0, width, height)
     if square:
-        width, height = image.size
         side = min(width, height)
         left, top = (width - side) // 2, (height - side) // 2
-        image = image.crop((left, top, left + side, top + side))
+        box = (left, top, left + side, top + side)
         full_width = full_height = min(full_width, full_height)
     target = output_size(full_width, full_height, size)
-    if target != image.size:
-        image = image.resize(target, Image.Resampling.LANCZOS, reducing_gap=3.0)
-    return image
+    if target == (box[2] - box[0], box[3] - box[1]):
+        return image.crop(box) if square else image
+    # the square as the resize's box: no full-size copy of the crop
+    return image.resize(target, Image.Resampling.LANCZOS, box=box, reducing_gap=3.0)
 

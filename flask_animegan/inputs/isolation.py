@@ -240,8 +240,9 @@ class Decoder:
 
     def _decode_in_helper(self, data: bytes, size: int, square: bool) -> DecodedUpload:
         header = {"size": size, "square": square, "limits": asdict(self.limits),
-                  # the decode itself plus the resized copies and the interpreter's slack
-                  "memory": 2 * self.limits.max_bytes + (64 << 20)}
+                  # the decode's peak (max_bytes counts every copy), the answer's bytes
+                  # and the allocator's and interpreter's slack
+                  "memory": self.limits.max_bytes + 3 * size * size + (64 << 20)}
         for attempt in (1, 2):
             helper = self.pool.take()
             try:
