@@ -63,14 +63,18 @@ class ModelPool:
         self._models: LRUCache[str, LoadedStyle] = LRUCache(maxsize=max_loaded)
         # name -> (public message, details for the log and the CLI, file mtime)
         self._broken: dict[str, tuple[str, str, float | None]] = {}
-        self._lock = threading.Lock()
+        # One load at a time (_loading, held for seconds); the table of loaded styles has
+        # a lock of its own, held for microseconds, so /healthz never waits for a load.
+        self._loading = threading.Lock()
+        self._table = threading.Lock()
 
     def get(self, style: StyleInfo) -> LoadedStyle:
         """``style`` ready to run, loading it on first use."""
         if style.name == self.pinned and self._pinned_model is not None:
             return self._pinned_model
-        with self._lock:
-            model = self._models.get(style.name)
+        with self._loading:
+            with self._table:
+                model = self._models.get(style.name)
             if model is None and style.name == self.pinned:
                 model = self._pinned_model
             if model is None:
@@ -78,7 +82,8 @@ class ModelPool:
                 if style.name == self.pinned:
                     self._pinned_model = model
                 else:
-                    self._models[style.name] = model
+                    with self._table:
+                        self._models[style.name] = model
             return model
 
     def _load(self, style: StyleInfo) -> LoadedStyle:
@@ -98,7 +103,7 @@ class ModelPool:
 
     def replace_pinned(self, model: LoadedStyle) -> None:
         """Serve the pinned style with ``model`` from now on."""
-        with self._lock:
+        with self._loading, self._table:
             self._pinned_model = model
             self._models.clear()  # others reload with the engine's new choice
 
@@ -113,14 +118,16 @@ class ModelPool:
         if self._broken.get(style.name, ("", ""))[1] != details:
             log.error("flask_animegan: style %r cannot be used: %s", style.name, details)
         self._broken[style.name] = (public, details, _mtime(style.path))
-        self._models.pop(style.name, None)
+        with self._table:
+            self._models.pop(style.name, None)
         if style.name == self.pinned:
             self._pinned_model = None
         return public
 
     @property
     def loaded(self) -> list[str]:
-        names = list(self._models.keys())
+        with self._table:
+            names = list(self._models.keys())
         if self._pinned_model is not None and self.pinned is not None:
             names.insert(0, self.pinned)
         return names
@@ -131,7 +138,7 @@ class ModelPool:
 
     def loaded_styles(self) -> dict[str, LoadedStyle]:
         """Every loaded style by name, the pinned one first."""
-        with self._lock:
+        with self._table:
             found = dict(self._models.items())
         if self._pinned_model is not None and self.pinned is not None:
             found = {self.pinned: self._pinned_model, **found}
