@@ -358,7 +358,7 @@ def test_a_redis_outage_is_quiet_quick_and_ends_by_itself(redis_server, astronau
     assert cache.get(namespace, fingerprint) is None  # an empty Redis: a miss, not an outage
     cache.put(namespace, fingerprint, b"again", (SIDE, SIDE))
     assert cache.get(namespace, fingerprint).data == b"again"
-    assert storage.status() == {"backend": "redis", "ok": True, "error": None,
+    assert storage.status() == {"backend": "redis", "ok": True, "state": "ok", "error": None,
                                 "server": f"redis://127.0.0.1:{redis_server.port}/0"}
     down, back = outage_logs(caplog)
     assert len(down) == 1 and len(back) == 1
@@ -386,6 +386,45 @@ def test_a_silent_redis_costs_one_timeout_then_none_for_a_while(caplog):
         assert len(down) == 1
         assert "s3cret" not in down[0] and "s3cret" not in str(status)
         assert status["server"].endswith(f":{hole.getsockname()[1]}/2")
+
+
+def fill(redis_client) -> None:
+    """Make the server full: ``noeviction``, and a maxmemory below what its keys use
+    (Redis allows that; the filler's removal ends it)."""
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    for n in range(12):  # 3 MiB in small commands (a big one's buffer counts while it runs)
+        redis_client.set(f"filler:{n}", b"x" * (256 << 10))
+    used = int(redis_client.info("memory")["used_memory"])
+    redis_client.config_set("maxmemory", used - (2 << 20))
+
+
+def unfill(redis_client) -> None:
+    redis_client.delete(*redis_client.keys("filler:*"))
+
+
+def test_a_full_redis_refuses_writes_as_a_state_of_its_own(redis_server, caplog):
+    """``noeviction`` at maxmemory: reads answer, every write is refused at once; one
+    line for the episode, not one per write; a ping does not end it, a write does."""
+    caplog.set_level(logging.WARNING, logger="flask_animegan")
+    storage = RedisStorage(redis_server.uri, prefix=PREFIX, retry_after=0.3)
+    pages = ResultStore(storage, ttl=60, max_bytes=10**6)
+    assert storage.set("kept", b"before", 60)
+    fill(redis_server.client())
+    for _ in range(5):
+        seconds, stored = timed(lambda: storage.set("new", b"value", 60))
+        assert stored is False and seconds < 0.25
+        assert not storage.set_indexed("v", b"1", index="list", member=b"m", ttl=60, cap=3)
+        assert storage.get("kept") == b"before"  # reads answer while full
+    token = pages.add(PAGE)
+    assert pages.get(token) == PAGE  # kept in this process meanwhile
+    assert storage.ping() is True and not storage.healthy
+    assert storage.status()["state"] == "full" and storage.status()["ok"] is False
+    full = [m for m in (r.getMessage() for r in caplog.records) if "is full" in m]
+    assert len(full) == 1 and "unavailable" not in caplog.text
+    unfill(redis_server.client())
+    assert storage.set("new", b"value", 60) and storage.healthy
+    assert storage.set("again", b"value", 60)
+    assert caplog.text.count("takes writes again") == 1
 
 
 def test_stores_on_one_redis_share_its_connection_pool_and_health(redis_server):

@@ -14,6 +14,13 @@ request under the prefix (before any before_request function, its check included
 and from then on ours exempts the conversions, so exactly one Limiter counts them.
 ``ANIMEGAN_RATE_LIMIT`` was parsed by flask-limiter's parser at start (config.py): a
 limit that reaches here always applies.
+
+A Redis for the counts is reached through :class:`FallbackCounts`, a storage of the
+``limits`` package (its public custom-storage API, under ``animegan+redis://``): every
+call flask-limiter makes (the check before the view, the window our headers and 429s
+read after it) goes to Redis, or to this process's memory while Redis is down or full,
+so no storage error ever reaches a request. flask-limiter's own in-memory fallback
+covers only its check before the view, and it logs each flap of a full Redis.
 """
 
 from __future__ import annotations
@@ -23,20 +30,39 @@ import threading
 import weakref
 from collections.abc import MutableMapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import Flask, request
 from flask_limiter import ExemptionScope, Limiter
+from limits.storage import MemoryStorage as CountsInMemory
+from limits.storage import (
+    MovingWindowSupport,
+    SlidingWindowCounterSupport,
+    storage_from_string,
+)
+from limits.storage import Storage as CountStorage
 from werkzeug.exceptions import HTTPException
 
-from ..config import REDIS_SCHEMES, Settings
+from ..cache.storage.base import StoreHealth
+from ..config import Settings
 from ..service import get_service
 from . import csrf
 from .blueprint import blueprint
 from .clients import CONVERSIONS_SCOPE, client_address
 
 log = logging.getLogger("flask_animegan")
-#: Redis timeouts for the rate-limit storage: an outage must not add seconds per request.
+#: Redis timeouts for the rate-limit storage, and no retries inside redis-py (its default
+#: retries a timeout 3 times): an outage must not add seconds per request.
 REDIS_OPTIONS = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+#: The schemes of limits' Redis storages, which FallbackCounts wraps as ``animegan+...``.
+COUNTED_SCHEMES = ("redis", "rediss", "redis+unix", "redis+sentinel", "redis+cluster")
+WRAPPED = "animegan+"
+#: Seconds between tries of a rate-limit Redis that is down (as for the cache's).
+RETRY_AFTER = 2.0
+#: maxmemory policies under which Redis may drop a count before its window ends
+#: (counts have TTLs, so the volatile-* policies drop them too).
+EVICTING = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru",
+                      "volatile-lfu", "volatile-random", "volatile-ttl"})
 _configured: weakref.WeakSet[Limiter] = weakref.WeakSet()
 _configuring = threading.Lock()
 
@@ -60,26 +86,167 @@ def counting_limiter(extensions: MutableMapping[str, Any], own: Limiter | None) 
     return own
 
 
+class FallbackCounts(CountStorage, MovingWindowSupport, SlidingWindowCounterSupport):
+    """The rate-limit counts in Redis, or in this process while Redis is down or full.
+
+    A ``limits`` storage for ``animegan+redis://...`` (and the other Redis schemes):
+    each call goes to limits' own storage for the URI after the prefix, unless its
+    :class:`StoreHealth` says Redis is down (one probe per ``RETRY_AFTER``) or full
+    (writes still try, reads stay here so that they read what the writes counted); a
+    failure goes to an in-process ``MemoryStorage`` instead of raising. The outage and
+    its end are logged once each. Counts made here are forgotten when Redis is back.
+    """
+
+    STORAGE_SCHEME = [WRAPPED + scheme for scheme in COUNTED_SCHEMES]  # noqa: RUF012 - limits' registry reads it
+
+    def __init__(self, uri: str | None = None, wrap_exceptions: bool = False,
+                 **options: Any) -> None:
+        super().__init__(uri, wrap_exceptions=wrap_exceptions, **options)
+        real = (uri or "")[len(WRAPPED):]
+        parts = urlsplit(real)
+        self.shared = storage_from_string(real, **options)
+        self.local = CountsInMemory()
+        where = parts.path if parts.scheme.endswith("unix") else (
+            f"{parts.hostname}:{parts.port or 6379}{parts.path or '/0'}")
+        self.health = StoreHealth(
+            "the rate-limit storage", f"{parts.scheme}://{where}", retry_after=RETRY_AFTER,
+            fallback="counting conversions in this process (each instance counts alone)",
+            secret=parts.password)
+
+    @property
+    def base_exceptions(self) -> tuple[type[Exception], ...]:
+        return ()  # nothing escapes: see _call
+
+    def _call(self, name: str, *args: Any, write: bool) -> Any:
+        # while Redis is full its counts are stale: read what this process counted
+        if self.health.may_try() and (write or self.health.state != "full"):
+            try:
+                result = getattr(self.shared, name)(*args)
+            except Exception as exc:  # noqa: BLE001 - any storage failure is an outage
+                self.health.failed(exc)
+            else:
+                self.health.succeeded(write)
+                return result
+        return getattr(self.local, name)(*args)
+
+    def incr(self, key: str, expiry: int, amount: int = 1) -> int:
+        return int(self._call("incr", key, expiry, amount, write=True))
+
+    def get(self, key: str) -> int:
+        return int(self._call("get", key, write=False))
+
+    def get_expiry(self, key: str) -> float:
+        return float(self._call("get_expiry", key, write=False))
+
+    def check(self) -> bool:
+        """Whether Redis answers now (one ping, none while a retry wait runs)."""
+        if self.health.may_try():
+            client = getattr(self.shared, "storage", None)  # limits' redis-py client
+            try:
+                # limits' own check() answers False for any error, naming none
+                if client is None and not self.shared.check():
+                    raise ConnectionError("no answer to PING")
+                if client is not None:
+                    client.ping()
+            except Exception as exc:  # noqa: BLE001 - any failure is an outage
+                self.health.failed(exc)
+            else:
+                self.health.succeeded(write=False)
+        return self.health.state != "down"
+
+    def reset(self) -> int | None:
+        self.local.reset()
+        return self._call("reset", write=True)  # type: ignore[no-any-return]
+
+    def clear(self, key: str) -> None:
+        self.local.clear(key)
+        self._call("clear", key, write=True)
+
+    def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
+        return bool(self._call("acquire_entry", key, limit, expiry, amount, write=True))
+
+    def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
+        return self._call("get_moving_window", key, limit, expiry, write=False)  # type: ignore[no-any-return]
+
+    def acquire_sliding_window_entry(self, key: str, limit: int, expiry: int,
+                                     amount: int = 1) -> bool:
+        return bool(self._call("acquire_sliding_window_entry", key, limit, expiry, amount,
+                               write=True))
+
+    def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
+        return self._call("get_sliding_window", key, expiry, write=False)  # type: ignore[no-any-return]
+
+    def clear_sliding_window(self, key: str, expiry: int) -> None:
+        self._call("clear_sliding_window", key, expiry, write=True)
+
+    def status(self) -> dict[str, Any]:
+        """For /healthz: where the counts live and whether Redis takes them (what the
+        last calls saw: :meth:`check` first to ask now)."""
+        return {"backend": "redis", "server": self.health.address, **self.health.status()}
+
+    def maxmemory_policy(self) -> str | None:
+        """Redis's ``maxmemory-policy``, or ``None`` when it cannot say (unreachable, or
+        ``CONFIG`` refused)."""
+        client = getattr(self.shared, "storage", None)  # limits' redis-py client
+        try:
+            reply = client.config_get("maxmemory-policy") if client is not None else {}
+        except Exception:  # noqa: BLE001 - refused or unreachable: nothing to say
+            return None
+        value = reply.get("maxmemory-policy") or reply.get(b"maxmemory-policy")
+        return value.decode() if isinstance(value, bytes) else value
+
+
+def counted_uri(uri: str) -> str:
+    """The storage URI our Limiter is given: a Redis one through :class:`FallbackCounts`."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    return WRAPPED + uri if scheme in COUNTED_SCHEMES else uri
+
+
 def own_limiter(app: Flask, settings: Settings) -> Limiter:
     """A Limiter for an app that has none, storing counts at ANIMEGAN_RATELIMIT_STORAGE_URI
-    (default: ANIMEGAN_STORAGE_URI). While Redis is unreachable it counts in this
-    process's memory (flask-limiter's in-memory fallback) and goes back once Redis
-    answers again."""
-    uri = settings.ratelimit_storage
+    (default: ANIMEGAN_STORAGE_URI). While Redis is unreachable or full it counts in this
+    process's memory (:class:`FallbackCounts`) and goes back once Redis takes counts again."""
+    uri = counted_uri(settings.ratelimit_storage)
     # passed on to redis-py, which takes float timeouts (flask-limiter types them str | int)
-    uses_redis = uri.split("://")[0].split("+")[0] in REDIS_SCHEMES
-    options: dict[str, Any] = dict(REDIS_OPTIONS) if uses_redis else {}
+    options: dict[str, Any] = {}
+    if uri.startswith(WRAPPED):
+        try:
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError:
+            pass  # flask-limiter names the missing driver below
+        else:
+            options = {**REDIS_OPTIONS, "retry": Retry(NoBackoff(), 0)}
     # Our views add the X-RateLimit-* headers (flask-limiter's would put Retry-After on
     # every response, 200s included); 429s carry Retry-After from our error handler.
     try:
-        return Limiter(client_address, app=app, headers_enabled=False, storage_uri=uri,
-                       storage_options=options, in_memory_fallback_enabled=True)
+        limiter = Limiter(client_address, app=app, headers_enabled=False, storage_uri=uri,
+                          storage_options=options, in_memory_fallback_enabled=True)
     except Exception as exc:  # noqa: BLE001 - flask-limiter's ConfigurationError, a missing driver
         key = ("ANIMEGAN_RATELIMIT_STORAGE_URI" if settings.ratelimit_storage_uri
                else "ANIMEGAN_STORAGE_URI")
-        raise ValueError(f"{key}: flask-limiter cannot count in {uri.split('://')[0]}:// "
+        scheme = settings.ratelimit_storage.split("://")[0]
+        raise ValueError(f"{key}: flask-limiter cannot count in {scheme}:// "
                          f"({exc}); set ANIMEGAN_RATELIMIT_STORAGE_URI to memory:// or "
                          "redis://host:6379/0 (redis+unix:///path for a socket)") from None
+    if settings.rate_limit and isinstance(limiter.storage, FallbackCounts):
+        warn_if_evicting(limiter.storage)
+    return limiter
+
+
+def warn_if_evicting(counts: FallbackCounts) -> None:
+    """Warn when the counts' Redis evicts keys when full: cache traffic (or anything
+    else written there) could then drop a client's count and give it a fresh limit."""
+    policy = counts.maxmemory_policy()
+    if policy in EVICTING:
+        log.warning(
+            "flask_animegan: the rate-limit storage at %s has maxmemory-policy %s: when it "
+            "fills up, Redis may evict rate-limit counts, and a client whose count is gone "
+            "converts again at once. Keep the counts (and the result pages) in a Redis of "
+            "their own with maxmemory-policy noeviction (deploy/redis-state.conf) and set "
+            "ANIMEGAN_RATELIMIT_STORAGE_URI and ANIMEGAN_RESULT_STORAGE_URI to it; the "
+            "cache alone stays in the LRU one (ANIMEGAN_STORAGE_URI)",
+            counts.health.address, policy)
 
 
 def _conversion_limit() -> str:

@@ -5,22 +5,23 @@ trimmed to its cap whose TTL each push refreshes; ``set_indexed`` is one MULTI/E
 pipeline. Every operation is one round trip on a pooled connection (opening a new
 connection adds redis-py's handshake, once per connection).
 
-The byte budget is the server's: set ``maxmemory`` and ``maxmemory-policy
-allkeys-lru``. No client can make the keys grow without bound: every key has a TTL
+The byte budget is the server's: set ``maxmemory``, with ``maxmemory-policy
+allkeys-lru`` for the cache and ``noeviction`` for the result pages (deploy/). No client can make the keys grow without bound: every key has a TTL
 and each index is capped.
 
 When Redis cannot be reached, times out (after ``timeout`` seconds) or answers an
-error (a wrong password, ``OOM`` under a ``noeviction`` policy), reads answer
-``None``, writes ``False``, the outage is logged once, and nothing is tried for
-``retry_after`` seconds, so an outage does not add a timeout to every request; the
-first call after that probes again, and a success ends the outage (logged once).
+error (a wrong password), reads answer ``None``, writes ``False``, the outage is logged
+once, and nothing is tried for ``retry_after`` seconds, so an outage does not add a
+timeout to every request; the first call after that probes again, and a success ends
+the outage (logged once). A Redis that is full (``OOM`` under ``noeviction``) is a
+state of its own: reads go on, writes answer ``False``, logged once, until a write
+succeeds.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -29,7 +30,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .base import Storage
+from .base import Storage, StoreHealth
 
 log = logging.getLogger("flask_animegan")
 
@@ -37,10 +38,11 @@ T = TypeVar("T")
 
 
 class _Server:
-    """One Redis server as this process sees it: a client (its connection pool) and its health.
+    """One Redis server as this process sees it: a client (its connection pool) and its
+    :class:`StoreHealth`.
 
     Shared by every RedisStorage on the same URI, so the result cache and the result
-    pages use one pool and an outage is logged once, not once per store.
+    pages on one server use one pool and an outage is logged once, not once per store.
     """
 
     def __init__(self, uri: str, *, timeout: float, retry_after: float) -> None:
@@ -50,53 +52,40 @@ class _Server:
                                            retry=Retry(NoBackoff(), 0),
                                            health_check_interval=0)
         self.address = _address(uri, self.client)
-        self.password = self.client.connection_pool.connection_kwargs.get("password")
-        self.retry_after = retry_after
-        self.error: str | None = None  # the exception's class while Redis is unreachable
-        self._next_try = 0.0
-        self._lock = threading.Lock()
+        password = self.client.connection_pool.connection_kwargs.get("password")
+        self.health = StoreHealth(
+            "Redis", self.address, retry_after=retry_after,
+            fallback="going on without the shared cache (result pages kept in this process)",
+            secret=str(password) if password else None)
 
-    def run(self, operation: Callable[[redis.Redis], T], default: T) -> T:
-        """``operation(client)``, or ``default`` while Redis is (recently found) unreachable."""
-        if self.error is not None and not self._claim_probe():
+    @property
+    def error(self) -> str | None:
+        """The exception's class while Redis is unreachable, ``"OOM"`` while it is full."""
+        return self.health.error
+
+    def run(self, operation: Callable[[redis.Redis], T], default: T, *,
+            write: bool = False) -> T:
+        """``operation(client)``, or ``default`` while Redis is (recently found) unreachable
+        or when it fails (a write refused because Redis is full, too)."""
+        if not self.health.may_try():
             return default
         try:
             result = operation(self.client)
         except (redis.RedisError, OSError) as exc:
-            self._failed(exc)
+            self.health.failed(exc)
             return default
-        if self.error is not None:
-            self._recovered()
+        self.health.succeeded(write)
         return result
 
-    def _claim_probe(self) -> bool:
-        """Whether this call may try Redis again; one call per ``retry_after`` does."""
-        with self._lock:
-            now = time.monotonic()
-            if now < self._next_try:
-                return False
-            self._next_try = now + self.retry_after
-            return True
-
-    def _failed(self, exc: BaseException) -> None:
-        with self._lock:
-            self._next_try = time.monotonic() + self.retry_after
-            if self.error is not None:
-                return
-            self.error = type(exc).__name__
-        message = str(exc)
-        if self.password:
-            message = message.replace(str(self.password), "***")
-        log.warning("flask_animegan: Redis at %s is unavailable (%s: %s); going on without "
-                    "the shared cache and result pages, trying again every %g s",
-                    self.address, self.error, message, self.retry_after)
-
-    def _recovered(self) -> None:
-        with self._lock:
-            if self.error is None:
-                return
-            self.error = None
-        log.warning("flask_animegan: Redis at %s is available again", self.address)
+    def maxmemory_policy(self) -> str | None:
+        """The server's ``maxmemory-policy``; ``None`` when it cannot say (unreachable, or
+        ``CONFIG`` refused, as managed Redis services do)."""
+        try:
+            reply: dict[Any, Any] = dict(self.client.config_get("maxmemory-policy"))
+        except (redis.RedisError, OSError):
+            return None
+        value = reply.get("maxmemory-policy") or reply.get(b"maxmemory-policy")
+        return value.decode() if isinstance(value, bytes) else value
 
 
 _servers: dict[tuple[str, float, float], _Server] = {}
@@ -147,7 +136,7 @@ class RedisStorage(Storage):
             return False
         return self._server.run(
             lambda client: bool(client.set(self.prefix + key, value, px=_milliseconds(ttl))),
-            False)
+            False, write=True)
 
     def index(self, name: str, limit: int) -> list[bytes]:
         if limit <= 0:
@@ -169,17 +158,20 @@ class RedisStorage(Storage):
             pipe.pexpire(self.prefix + index, _milliseconds(ttl))
             return bool(pipe.execute()[0])
 
-        return self._server.run(write, False)
+        return self._server.run(write, False, write=True)
 
     def ping(self) -> bool:
         return self._server.run(lambda client: bool(client.ping()), False)
 
     def status(self) -> dict[str, Any]:
-        if self._server.error is not None:
+        if self._server.health.state == "down":
             self.ping()  # so that a recovery shows even when no request uses the storage
-        return {"backend": self.backend, "ok": self._server.error is None,
-                "server": self._server.address, "error": self._server.error}
+        return {"backend": self.backend, "server": self._server.address,
+                **self._server.health.status()}
+
+    def maxmemory_policy(self) -> str | None:
+        return self._server.maxmemory_policy()
 
     @property
     def healthy(self) -> bool:
-        return self._server.error is None
+        return self._server.health.state == "ok"
