@@ -303,13 +303,18 @@ class RedisServer(_Server):
 SHIPPED_SITE = REPO / "deploy" / "nginx.conf"
 _LISTEN = re.compile(r"^(\s*)listen\s+[^;]+;", re.MULTILINE)
 _UPSTREAM_SERVER = re.compile(r"^(\s*)server\s+127\.0\.0\.1:\d+(\s[^;]*)?;.*\n", re.MULTILINE)
+_ACCESS_LOG = re.compile(r"^(\s*)access_log\s+\S+(\s[^;]*)?;", re.MULTILINE)
 
 
-def site_for_ports(site: str, listen_port: int, upstream_ports: Sequence[int]) -> str:
+def site_for_ports(site: str, listen_port: int, upstream_ports: Sequence[int],
+                   access_log: Path | None = None) -> str:
     """The shipped site with its one ``listen`` line on ``127.0.0.1:listen_port`` and its
     ``server 127.0.0.1:PORT ...;`` upstream lines replaced by one per upstream port, each
-    with the shipped parameters (max_fails, ...). Nothing else changes."""
+    with the shipped parameters (max_fails, ...), and its ``access_log`` written to
+    ``access_log`` in the shipped format (``off`` without one). Nothing else changes."""
     site, listens = _LISTEN.subn(rf"\g<1>listen 127.0.0.1:{listen_port};", site)
+    site = _ACCESS_LOG.sub(lambda m: f"{m.group(1)}access_log {access_log}{m.group(2) or ''};"
+                           if access_log else f"{m.group(1)}access_log off;", site)
     servers = list(_UPSTREAM_SERVER.finditer(site))
     assert listens == 1 and servers, "deploy/nginx.conf no longer has the lines this replaces"
     indent, parameters = servers[0].group(1), servers[0].group(2) or ""
@@ -347,7 +352,8 @@ class NginxServer(_Server):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         site = folder / "animegan-site.conf"
-        site.write_text(site_for_ports(SHIPPED_SITE.read_text(), self.port, upstream_ports))
+        site.write_text(site_for_ports(SHIPPED_SITE.read_text(), self.port, upstream_ports,
+                                       folder / "access.log" if access_log else None))
         config = folder / "nginx.conf"
         config.write_text(main_config(folder, site, access_log))
         with (folder / "nginx.out").open("wb") as out:

@@ -20,11 +20,12 @@ __all__ = ["NGINX", "REDIS_SERVER", "NginxServer", "RedisServer", "Server", "Tri
 
 class Server(servers.GunicornServer):
     """``gunicorn -c gunicorn.conf.py [args] example_app:app``, started at once and healthy
-    within 90 s, logging to ``log``; ``cpus`` pins it (and its workers) to those CPUs."""
+    within 90 s, logging to ``log``; ``cpus`` pins it (and its workers) to those CPUs;
+    ``app`` serves another app module with the same config."""
 
     def __init__(self, env: dict[str, str], log: Path, cpus: set[int] | None = None,
-                 args: tuple[str, ...] = ()) -> None:
-        super().__init__(log.stem, ["-c", "gunicorn.conf.py", *args, "example_app:app"], env,
+                 args: tuple[str, ...] = (), app: str = "example_app:app") -> None:
+        super().__init__(log.stem, ["-c", "gunicorn.conf.py", *args, app], env,
                          log.parent, ready_path="/animegan/healthz", ready_timeout=90,
                          cpus=cpus, log_path=log)
         self.start()
