@@ -6,16 +6,27 @@ photographs from scikit-image; outputs are kept at 64 px so the suite stays fast
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import random
 import shutil
-from collections.abc import Callable
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from click.testing import Result
-from conftest import open_image, photo, photo_bytes
+from conftest import REPO, encode_image, need, open_image, photo, photo_bytes
 from flask import Flask
+from upload_variants import bit_flips
 
 from flask_animegan import load_generator
 from flask_animegan.runtime.catalog import (
@@ -248,6 +259,418 @@ def test_convert_rejects_a_size_above_max_side(app: Flask, inputs: tuple[Path, P
     assert isinstance(result.exception, SystemExit), result.exception
     assert "size must be a whole number of pixels from 16 to 128" in result.output
     assert not out.exists()
+
+
+# -- convert: hostile entries ---------------------------------------------------------
+#
+# Each kind of entry that is not a readable regular file within the upload limit is
+# refused unread, on one line, and the batch goes on. Builders take the folder to put
+# the entry in and return its path and a fragment of the refusal line.
+
+def _dangling(folder: Path) -> tuple[Path, str]:
+    link = folder / "dangling.jpg"
+    link.symlink_to(folder.parent / "gone.jpg")
+    return link, "gone.jpg', which does not exist"
+
+
+def _folder(folder: Path) -> tuple[Path, str]:
+    (folder / "x.jpg").mkdir()
+    return folder / "x.jpg", "not a regular file (a folder)"
+
+
+def _fifo(folder: Path) -> tuple[Path, str]:
+    os.mkfifo(folder / "pipe.jpg")
+    return folder / "pipe.jpg", "not a regular file (a FIFO)"
+
+
+def _socket(folder: Path) -> tuple[Path, str]:
+    with socket.socket(socket.AF_UNIX) as server:  # the file stays after the close
+        server.bind(str(folder / "sock.png"))
+    return folder / "sock.png", "not a regular file (a socket)"
+
+
+def _device(folder: Path) -> tuple[Path, str]:
+    (folder / "zero.jpg").symlink_to("/dev/zero")
+    return folder / "zero.jpg", "not a regular file (a character device)"
+
+
+def _loop(folder: Path) -> tuple[Path, str]:
+    (folder / "loop.jpg").symlink_to(folder / "loop2.jpg")
+    (folder / "loop2.jpg").symlink_to(folder / "loop.jpg")  # refused too, in a folder
+    return folder / "loop.jpg", "cannot be opened: Too many levels of symbolic links"
+
+
+def _huge(folder: Path) -> tuple[Path, str]:
+    with open(folder / "huge.jpg", "wb") as file:
+        file.truncate(3 * 2**30)  # sparse: no disk used
+    return folder / "huge.jpg", f"3,221,225,472 bytes, over the {DEFAULT_UPLOAD_LIMIT:,}-byte"
+
+
+def _over_limit(folder: Path) -> tuple[Path, str]:
+    with open(folder / "big.png", "wb") as file:
+        file.truncate(DEFAULT_UPLOAD_LIMIT + 1)
+    return folder / "big.png", "ANIMEGAN_MAX_UPLOAD_BYTES); shrink it or raise the limit"
+
+
+def _missing(folder: Path) -> tuple[Path, str]:
+    return folder / "typo.jpg", "no such file"
+
+
+DEFAULT_UPLOAD_LIMIT = 16 * 2**20
+BAD_ENTRIES: dict[str, Callable[[Path], tuple[Path, str]]] = {
+    "dangling symlink": _dangling, "folder named x.jpg": _folder, "FIFO": _fifo,
+    "socket": _socket, "symlink to /dev/zero": _device, "symlink loop": _loop,
+    "3 GiB sparse file": _huge, "one byte over the limit": _over_limit,
+}
+#: A missing path can only be an argument: a folder lists what exists.
+ARGUMENT_ONLY = {"no such file": _missing}
+#: The kinds that once hung the command or were read whole: tested in a process of
+#: their own (run_cli), with a timeout and its peak memory.
+UNBOUNDED = {"FIFO", "symlink to /dev/zero", "3 GiB sparse file"}
+
+
+def refusals(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ": refused: " in line]
+
+
+#: Each kind in a folder and given as an argument, except a missing path in a folder (a
+#: folder lists what exists) and a folder given as an argument (its entries are inputs).
+PLACEMENTS = [(kind, "in a folder") for kind in BAD_ENTRIES] + [
+    (kind, "as an argument") for kind in (*BAD_ENTRIES, *ARGUMENT_ONLY)
+    if kind != "folder named x.jpg"]
+
+
+@pytest.mark.parametrize(("kind", "placement"), PLACEMENTS)
+def test_convert_refuses_a_bad_entry_on_one_line_and_goes_on(app: Flask, models_dir: Path,
+                                                             tmp_path: Path, kind: str,
+                                                             placement: str) -> None:
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    (folder / "chelsea.jpg").write_bytes(photo_bytes("chelsea"))
+    bad, reason = {**BAD_ENTRIES, **ARGUMENT_ONLY}[kind](folder)
+    refused = [bad] + ([folder / "loop2.jpg"] if kind == "symlink loop" else [])
+    args = [str(folder)] if placement == "in a folder" else [str(folder / "chelsea.jpg"),
+                                                             str(bad)]
+    if placement == "as an argument":
+        refused = [bad]
+    args += ["-o", str(out), "--size", str(SIZE)]
+    if kind in UNBOUNDED:  # a regression would hang or fill memory: not in this process
+        run = run_cli(models_dir, tmp_path, "convert", *args, timeout=120)
+        assert run.peak_rss < 2**31, "the entry was read whole"
+        result = SimpleNamespace(exit_code=run.code, output=run.stdout + run.stderr,
+                                 stdout=run.stdout, stderr=run.stderr)
+    else:
+        result = invoke(app, "convert", *args)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = refusals(result.stderr)
+    assert sorted(line.split(": refused: ")[0] for line in lines) == sorted(map(str, refused))
+    assert reason in next(line for line in lines if line.startswith(f"{bad}: ")), lines
+    assert (f"converted 1, skipped 0 already converted, failed {len(refused)} "
+            f"({len(refused)} of them refused unread); output in {out}") in result.stdout
+    assert sorted(out.iterdir()) == [out / "chelsea.other_style.jpeg"]
+    assert_converted(out / "chelsea.other_style.jpeg", "chelsea", "JPEG")
+
+
+def test_convert_follows_an_input_symlink_to_a_photo(app: Flask, tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "rocket.png").write_bytes(photo_bytes("rocket", "PNG"))
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    (folder / "alias.jpg").symlink_to(tmp_path / "elsewhere" / "rocket.png")
+    result = invoke(app, "convert", str(folder), "-o", str(out), "--size", str(SIZE))
+    assert result.exit_code == 0, result.output
+    assert_converted(out / "alias.other_style.jpeg", "rocket", "JPEG")
+
+
+def small_jpeg() -> bytes:
+    return encode_image(photo("coffee").resize((48, 32)), "JPEG", quality=80)
+
+
+def test_convert_holds_the_upload_limit_from_the_settings(make_app: Callable[..., Flask],
+                                                          tmp_path: Path) -> None:
+    """ANIMEGAN_MAX_UPLOAD_BYTES is the limit: a file of exactly that size converts, one
+    byte more is refused, and a file that says it is empty (fstat) but reads longer,
+    like /proc/self/maps, is cut at the limit and refused, never read whole."""
+    data = small_jpeg()
+    maps = Path("/proc/self/maps")
+    assert len(maps.read_bytes()) > 4 * len(data)  # torch maps many libraries
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    (folder / "exact.jpg").write_bytes(data)
+    (folder / "over.jpg").write_bytes(data + b"\0")  # a trailing byte JPEG decoders ignore
+    (folder / "growing.jpg").symlink_to(maps)
+    app = make_app(ANIMEGAN_MAX_UPLOAD_BYTES=len(data))
+    result = invoke(app, "convert", str(folder), "-o", str(out), "--size", "16")
+    assert result.exit_code == 1, result.output
+    assert sorted(refusals(result.stderr)) == [
+        (f"{folder / 'growing.jpg'}: refused: grew past the {len(data):,}-byte upload limit "
+        "(ANIMEGAN_MAX_UPLOAD_BYTES) while it was read; convert it once it is complete"),
+        (f"{folder / 'over.jpg'}: refused: {len(data) + 1:,} bytes, over the {len(data):,}-byte "
+        "upload limit (ANIMEGAN_MAX_UPLOAD_BYTES); shrink it or raise the limit"),
+    ]
+    assert [p.name for p in out.iterdir()] == ["exact.other_style.jpeg"]
+
+
+# The real `flask animegan convert` in a process of its own, for what must not hang
+# the test run, measure its memory, or run as another user.
+
+CLI_ENV = {
+    "ANIMEGAN_SHIPPED_STYLES": "0", "ANIMEGAN_BACKEND": "torch", "ANIMEGAN_PRECISION": "fp32",
+    "ANIMEGAN_WARMUP_SIZE": "32", "ANIMEGAN_SAMPLE_SIZE": "0", "ANIMEGAN_MAX_SIDE": "128",
+    "ANIMEGAN_RATE_LIMIT": "",
+}
+
+
+@dataclasses.dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+    peak_rss: int  # bytes, the command's own process
+
+
+def run_cli(models: Path, work: Path, *args: str, prefix: Sequence[str] = (),
+            timeout: float = 300) -> Run:
+    """``flask --app example_app animegan ARGS`` with the test styles (after the command
+    ``prefix``), killed (and the test failed) after ``timeout`` seconds; its output and
+    HOME in ``work``."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ANIMEGAN_")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), HOME=str(work), ANIMEGAN_MODELS_DIR=str(models),
+               ANIMEGAN_MODEL_CACHE_DIR=str(work / "model-cache"))
+    with open(work / "stdout", "w+") as stdout, open(work / "stderr", "w+") as stderr:
+        process = subprocess.Popen([*prefix, sys.executable, "-m", "flask", "--app",
+                                    "example_app", "animegan", *args], stdout=stdout,
+                                   stderr=stderr, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
+        killer = threading.Timer(timeout, process.kill)
+        killer.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)  # its own peak memory
+        finally:
+            killer.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        stdout.seek(0)
+        stderr.seek(0)
+        run = Run(process.returncode, stdout.read(), stderr.read(), usage.ru_maxrss * 1024)
+    assert process.returncode != -signal.SIGKILL, f"hung for {timeout} s:\n{run.stderr}"
+    return run
+
+
+def tree(root: Path, leave_out: Path) -> dict[str, tuple[int, int, int]]:
+    """Every path under ``root`` (symlinks not followed) with its kind, size and mtime."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder, name)
+            if path == leave_out or leave_out in path.parents:
+                continue
+            info = path.lstat()
+            found[str(path)] = (stat.S_IFMT(info.st_mode), info.st_size, info.st_mtime_ns)
+    return found
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["keep", "overwrite"])
+def test_convert_survives_a_hostile_folder(models_dir: Path, tmp_path: Path,
+                                           overwrite: bool) -> None:
+    """The issue's acceptance: a photo, a symlink to a photo, and every bad kind in one
+    folder, plus output symlinks pointing outside -o: the command finishes, converts the
+    photos, prints one line per bad entry, writes nothing outside -o, exits 1, and never
+    holds the 3 GiB file in memory."""
+    world = tmp_path / "world"  # the command's own output and HOME stay out of it
+    folder, out, outside = world / "in", world / "out", world / "outside"
+    for made in (folder, out, outside):
+        made.mkdir(parents=True)
+    (folder / "chelsea.jpg").write_bytes(photo_bytes("chelsea"))
+    (outside / "rocket.png").write_bytes(photo_bytes("rocket", "PNG"))
+    (folder / "linked.jpg").symlink_to(outside / "rocket.png")
+    bad = [builder(folder)[0] for builder in BAD_ENTRIES.values()] + [folder / "loop2.jpg"]
+    (outside / "victim.jpeg").write_bytes(b"precious")
+    (out / "linked.other_style.jpeg").symlink_to(outside / "victim.jpeg")
+    (out / "pipe.other_style.jpeg").symlink_to(outside / "escape.jpeg")  # dangling
+    (out / "x.other_style.jpeg").symlink_to(outside / "escape2.jpeg")  # dangling
+    before = tree(world, leave_out=out)
+    run = run_cli(models_dir, tmp_path, "convert", str(folder), "-o", str(out),
+                  "--size", str(SIZE), *(["--overwrite"] if overwrite else []))
+    assert run.code == 1, run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    lines = refusals(run.stderr)
+    for path in bad:
+        if not overwrite and path.name in ("pipe.jpg", "x.jpg"):
+            continue  # its output name exists: skipped before it is opened
+        assert sum(line.startswith(f"{path}: refused: ") for line in lines) == 1, run.stderr
+    assert len(lines) == len(bad) - (0 if overwrite else 2), run.stderr
+    assert tree(world, leave_out=out) == before  # nothing outside -o changed
+    assert (outside / "victim.jpeg").read_bytes() == b"precious"
+    assert_converted(out / "chelsea.other_style.jpeg", "chelsea", "JPEG")
+    linked = out / "linked.other_style.jpeg"
+    if overwrite:
+        assert not linked.is_symlink()
+        assert_converted(linked, "rocket", "JPEG")
+        assert f"converted 2, skipped 0 already converted, failed {len(bad)}" in run.stdout
+    else:
+        assert linked.is_symlink()
+        assert f"converted 1, skipped 3 already converted, failed {len(bad) - 2}" in run.stdout
+    assert not [p for p in out.iterdir() if p.name.endswith(".part")]
+    assert run.peak_rss < 2**31, "the 3 GiB file was read"
+
+
+def test_convert_refuses_an_unreadable_file(models_dir: Path, tmp_path: Path) -> None:
+    """A chmod 000 file is refused on one line. Root reads any file, so as root the
+    command runs without the capabilities that bypass permissions (setpriv)."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        need(shutil.which("setpriv") is not None, "setpriv (util-linux) is not installed")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    (folder / "chelsea.jpg").write_bytes(photo_bytes("chelsea"))
+    (folder / "secret.jpg").write_bytes(photo_bytes("coffee"))
+    (folder / "secret.jpg").chmod(0)
+    run = run_cli(models_dir, tmp_path, "convert", str(folder), "-o", str(out), "--size",
+                  str(SIZE), prefix=prefix)
+    assert run.code == 1, run.stderr
+    assert refusals(run.stderr) == [
+        (f"{folder / 'secret.jpg'}: refused: cannot be opened: permission denied (check "
+        "its permissions, or run as a user who may read it)")], run.stderr
+    assert [p.name for p in out.iterdir()] == ["chelsea.other_style.jpeg"]
+
+
+# -- convert: contents, names, outputs -------------------------------------------------
+
+def test_convert_reports_truncated_and_bit_flipped_photos_one_line_each(
+        app: Flask, tmp_path: Path) -> None:
+    """Seeded truncations and bit flips of a JPEG and a PNG go through the web's Decoder:
+    each file is converted or named on one line, never a traceback."""
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    rng = random.Random(26)
+    for fmt in ("JPEG", "PNG"):
+        data = encode_image(photo("astronaut").resize((64, 64)), fmt)
+        cuts = [0, 1, 7, 8, 100, len(data) // 2, len(data) - 1] + rng.sample(
+            range(9, len(data) - 1), 5)
+        for cut in cuts:
+            (folder / f"{fmt}-cut-{cut}.{fmt.lower()}").write_bytes(data[:cut])
+        for index, (_, flipped) in enumerate(bit_flips(data, seed=26, count=12)):
+            (folder / f"{fmt}-flip-{index}.{fmt.lower()}").write_bytes(flipped)
+    names = sorted(p.name for p in folder.iterdir())
+    result = invoke(app, "convert", str(folder), "-o", str(out), "--size", "32")
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    made = {p.name.split(".other_style")[0] for p in out.iterdir()}
+    reported = {}
+    for line in result.stderr.splitlines():
+        if line.startswith(str(folder)):
+            path, _, message = line.partition(": ")
+            assert message and Path(path).name not in reported, line
+            reported[Path(path).name] = message
+    assert {Path(n).stem for n in reported} | made == {Path(n).stem for n in names}
+    assert not {Path(n).stem for n in reported} & made
+    assert any(name.startswith("JPEG-cut-0") for name in reported)  # an empty file fails
+    assert result.exit_code == (1 if reported else 0)
+    assert (f"converted {len(made)}, skipped 0 already converted, failed {len(reported)}"
+            in result.stdout)
+
+
+def test_convert_gives_colliding_stems_distinct_names(app: Flask, tmp_path: Path) -> None:
+    """A stem shared in the batch keeps its source extension; the same file name from
+    another folder gets -2. Each output is its own source's picture, and a second run
+    finds every one done."""
+    first, second, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    first.mkdir()
+    second.mkdir()
+    sources = {"p.jpg": "rocket", "p.png": "astronaut", "P.webp": "chelsea", "q.jpg": "coffee"}
+    for name, source in sources.items():
+        fmt = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP"}[name.rsplit(".", 1)[1]]
+        (first / name).write_bytes(photo_bytes(source, fmt))
+    (second / "p.jpg").write_bytes(photo_bytes("hubble_deep_field"))
+    args = ("convert", str(first), str(second), "-o", str(out), "--size", str(SIZE))
+    result = invoke(app, *args)
+    assert result.exit_code == 0, result.output
+    expected = {"P.webp.other_style.jpeg": "chelsea", "p.jpg.other_style.jpeg": "rocket",
+                "p.png.other_style.jpeg": "astronaut", "q.other_style.jpeg": "coffee",
+                "p.jpg-2.other_style.jpeg": "hubble_deep_field"}
+    assert sorted(p.name for p in out.iterdir()) == sorted(expected)
+    for name, source in expected.items():
+        assert_converted(out / name, source, "JPEG")
+    assert "converted 5, skipped 0 already converted, failed 0" in result.stdout
+    again = invoke(app, *args)
+    assert "converted 0, skipped 5 already converted, failed 0" in again.stdout
+
+
+@pytest.mark.parametrize("outside_exists", [True, False], ids=["to a file", "dangling"])
+def test_convert_never_writes_through_an_output_symlink(app: Flask, tmp_path: Path,
+                                                        outside_exists: bool) -> None:
+    """Without --overwrite an output symlink counts as done; with it, the link itself is
+    replaced by the result. The file it points to is never written or created."""
+    source, out, outside = tmp_path / "chelsea.jpg", tmp_path / "out", tmp_path / "outside"
+    source.write_bytes(photo_bytes("chelsea"))
+    out.mkdir()
+    outside.mkdir()
+    victim = outside / "victim.jpeg"
+    if outside_exists:
+        victim.write_bytes(b"precious")
+    link = out / "chelsea.other_style.jpeg"
+    link.symlink_to(victim)
+    args = ("convert", str(source), "-o", str(out), "--size", str(SIZE))
+    kept = invoke(app, *args)
+    assert kept.exit_code == 0, kept.output
+    assert "converted 0, skipped 1 already converted, failed 0" in kept.stdout
+    assert link.is_symlink()
+    replaced = invoke(app, *args, "--overwrite")
+    assert replaced.exit_code == 0, replaced.output
+    assert "converted 1, skipped 0 already converted, failed 0" in replaced.stdout
+    assert not link.is_symlink()
+    assert_converted(link, "chelsea", "JPEG")
+    assert [p.name for p in out.iterdir()] == [link.name]  # no temporary file left
+    assert ([p.read_bytes() for p in outside.iterdir()] ==
+            ([b"precious"] if outside_exists else []))
+
+
+def test_convert_reports_an_output_it_cannot_write_and_goes_on(app: Flask,
+                                                               tmp_path: Path) -> None:
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    for name in ("chelsea", "coffee"):
+        (folder / f"{name}.jpg").write_bytes(photo_bytes(name))
+    (out / "chelsea.other_style.jpeg").mkdir(parents=True)  # in the way, even for replace
+    result = invoke(app, "convert", str(folder), "-o", str(out), "--size", str(SIZE),
+                    "--overwrite")
+    assert result.exit_code == 1, result.output
+    assert [line for line in result.stderr.splitlines() if str(folder) in line] == [
+        (f"{folder / 'chelsea.jpg'}: cannot write {out / 'chelsea.other_style.jpeg'}: "
+        "Is a directory; check the output folder")]
+    assert "converted 1, skipped 0 already converted, failed 1; output in" in result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["chelsea.other_style.jpeg",
+                                                     "coffee.other_style.jpeg"]
+    assert_converted(out / "coffee.other_style.jpeg", "coffee", "JPEG")
+
+
+def test_convert_reports_an_unexpected_error_as_that_files_failure(
+        make_app: Callable[..., Flask], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault injected into one file's conversion (the real pipeline runs the others)
+    ends as that file's line, not a traceback that ends the batch."""
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    poison = photo_bytes("coffee")
+    (folder / "coffee.jpg").write_bytes(poison)
+    (folder / "rocket.jpg").write_bytes(photo_bytes("rocket"))
+    app = make_app()
+    pipeline = app.extensions["animegan"].pipeline
+    real = pipeline.convert
+
+    def convert(data: bytes, *args: object, **kwargs: object) -> object:
+        if data == poison:
+            raise KeyError("injected")
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "convert", convert)
+    result = invoke(app, "convert", str(folder), "-o", str(out), "--size", str(SIZE))
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert [line for line in result.stderr.splitlines() if str(folder) in line] == [
+        (f"{folder / 'coffee.jpg'}: failed unexpectedly (KeyError: 'injected'); the other "
+        "files went on: please report this with the file")]
+    assert [p.name for p in out.iterdir()] == ["rocket.other_style.jpeg"]
 
 
 # -- export -------------------------------------------------------------------------

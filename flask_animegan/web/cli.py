@@ -16,9 +16,9 @@ from ..errors import ConversionError
 from ..runtime.download import DownloadError, pull_style
 from ..runtime.weights import WeightsError, load_generator
 from ..service import get_service
+from .batch import Refused, collect, output_names, read_entry, write_output
 from .blueprint import blueprint
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 cli = blueprint.cli
 cli.help = """Photo-to-anime styles: list, download, convert.
 
@@ -126,21 +126,25 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
 
 
 @cli.command("convert")
-@click.argument("inputs", nargs=-1, required=True,
-                type=click.Path(exists=True, dir_okay=True, path_type=Path))
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--out", "out_dir", required=True,
               type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
 @click.option("--style", help="Style name (default: the app's default style).")
 @click.option("--size", type=int, help="Long side of the output in pixels (default: MAX_SIDE).")
 @click.option("--format", "fmt", type=click.Choice(["jpeg", "png", "webp"]),
               help="Output format (default: ANIMEGAN_OUTPUT_FORMAT).")
-@click.option("--overwrite", is_flag=True, help="Convert again files already converted.")
+@click.option("--overwrite", is_flag=True,
+              help="Convert again files already converted (replacing what is there, "
+                   "a symlink included, never writing through it).")
 def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                     size: int | None, fmt: str | None, overwrite: bool) -> None:
     """Convert image files and folders (not recursive) into OUT.
 
     Output files are named after the input with the style and format, e.g.
-    photo.jpg -> OUT/photo.paprika.jpeg; existing outputs are skipped.
+    photo.jpg -> OUT/photo.paprika.jpeg (photo.jpg.paprika.jpeg if photo.png is in
+    the batch too); existing outputs are skipped. Entries that are not regular files
+    or are over ANIMEGAN_MAX_UPLOAD_BYTES are refused unread, one line each; the exit
+    status is 1 if any entry was refused or failed.
 
     \b
     Example:
@@ -153,31 +157,55 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
         service.parse_size(size)
     except ConversionError as exc:
         raise click.ClickException(str(exc)) from None
-    files: list[Path] = []
-    for item in inputs:
-        if item.is_dir():
-            files += sorted(p for p in item.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        else:
-            files.append(item)
+    entries, unlisted = collect(inputs)
+    names = output_names(entries, chosen, fmt)
     out_dir.mkdir(parents=True, exist_ok=True)
-    failed = skipped = 0
-    with click.progressbar(files, label="converting", file=sys.stderr, show_eta=True,
-                           item_show_func=lambda p: p.name if p else None) as bar:
-        for path in bar:
-            target = out_dir / f"{path.stem}.{chosen}.{fmt}"
-            if target.exists() and not overwrite:
+    # a visible bar leaves its line open: a report starts a line of its own
+    line_start = "\n" if getattr(sys.stderr, "isatty", lambda: False)() else ""
+
+    def report(path: Path, message: str) -> None:
+        click.echo(f"{line_start}{path}: {message}", err=True)
+
+    converted = skipped = failed = 0
+    refused = len(unlisted)
+    for folder, why in unlisted:
+        report(folder, f"refused: {why}")
+    with click.progressbar(list(zip(entries, names)), label="converting", file=sys.stderr,
+                           show_eta=True,
+                           item_show_func=lambda item: item[0].name if item else None) as bar:
+        for path, name in bar:
+            if not overwrite and os.path.lexists(out_dir / name):
                 skipped += 1
                 continue
             try:
-                result = service.convert_upload(path.read_bytes(), chosen, size, fmt)
+                data = read_entry(path, service.max_upload_bytes)
+            except Refused as exc:
+                refused += 1
+                report(path, f"refused: {exc}")
+                continue
+            try:
+                result = service.convert_upload(data, chosen, size, fmt)
             except ConversionError as exc:
                 failed += 1
-                click.echo(f"\n{path}: {exc}", err=True)
+                report(path, str(exc))
                 continue
-            target.write_bytes(result.data)
-    click.echo(f"converted {len(files) - failed - skipped}, skipped {skipped} already "
-               f"converted, failed {failed}; output in {out_dir}")
-    if failed:
+            except Exception as exc:  # noqa: BLE001 - one file's bug must not end the batch
+                failed += 1
+                report(path, f"failed unexpectedly ({type(exc).__name__}: {exc}); the "
+                             "other files went on: please report this with the file")
+                continue
+            try:
+                write_output(out_dir, name, result.data)
+            except OSError as exc:
+                failed += 1
+                report(path, f"cannot write {out_dir / name}: {exc.strerror or exc}; "
+                             "check the output folder")
+                continue
+            converted += 1
+    unread = f" ({refused} of them refused unread)" if refused else ""
+    click.echo(f"converted {converted}, skipped {skipped} already converted, failed "
+               f"{failed + refused}{unread}; output in {out_dir}")
+    if failed or refused:
         sys.exit(1)
 
 
@@ -259,7 +287,7 @@ def bench_command(quick: bool, out: Path | None) -> None:
     args = [sys.executable, "-m", "bench"] + (["--quick"] if quick else [])
     if out is not None:
         args += ["--out", str(out.resolve())]
-    code = subprocess.run(args, cwd=root).returncode
+    code = subprocess.run(args, check=False, cwd=root).returncode
     if code:
         raise click.ClickException(f"the benchmark failed (exit status {code}); its output "
                                    "above says where")
