@@ -9,6 +9,11 @@ environment; gunicorn's own command-line flags (-b, -w, --threads) override them
 """
 
 import os
+import re
+import signal
+import sys
+
+from gunicorn.glogging import Logger
 
 # Cap the math libraries to the CPUs this process may use *before* torch is
 # imported (the worker imports it when it loads the app): the threadpools size
@@ -29,7 +34,21 @@ if _METRICS and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 
 bind = os.environ.get("ANIMEGAN_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("ANIMEGAN_WORKERS", "1"))
-threads = int(os.environ.get("ANIMEGAN_THREADS", "4"))
+
+
+def _default_threads():
+    """One thread per conversion the app admits at once (one running, ANIMEGAN_MAX_QUEUE
+    more: flask_animegan/runtime/admission.py), and one more for /healthz and the pages.
+    Read from the environment as the example app reads it, without importing
+    flask_animegan (that imports torch); a value the app cannot use stops it at start."""
+    try:
+        max_queue = int(os.environ.get("ANIMEGAN_MAX_QUEUE", "").strip() or "2")
+    except ValueError:
+        max_queue = 2
+    return 1 + max_queue + 1
+
+
+threads = int(os.environ.get("ANIMEGAN_THREADS") or _default_threads())
 worker_class = "gthread"
 # A 1024-px conversion on a slow CPU plus a queue of them: allow minutes, not 30 s.
 timeout = int(os.environ.get("ANIMEGAN_WORKER_TIMEOUT", "120"))
@@ -48,6 +67,24 @@ limit_request_fields = 100
 limit_request_field_size = 8190  # one header line
 accesslog = os.environ.get("ANIMEGAN_ACCESS_LOG", "-") or None  # empty: no access log
 errorlog = "-"
+
+# A result page's URL (/animegan/result/<token>, and its /anime and /original images) is
+# a capability: whoever has it sees the picture. The access log writes the token nowhere.
+_RESULT_TOKEN = re.compile(r"(/result/)[^/?#\s\"]+")
+
+
+class RedactingLogger(Logger):
+    """gunicorn's logger, with result tokens replaced by ``<redacted>`` in every atom of
+    the access log (the request line, the path, the referer, any header or environ
+    value a custom access_log_format names)."""
+
+    def atoms(self, resp, req, environ, request_time):
+        atoms = super().atoms(resp, req, environ, request_time)
+        return {key: _RESULT_TOKEN.sub(r"\1<redacted>", value) if isinstance(value, str) else value
+                for key, value in atoms.items()}
+
+
+logger_class = RedactingLogger
 loglevel = os.environ.get("ANIMEGAN_LOG_LEVEL", "info")
 
 # gunicorn 27 opens a control socket for `gunicornc` (show workers, add or remove them,
@@ -67,15 +104,174 @@ def post_fork(server, worker):
     from flask_animegan.process import configure_process
 
     configure_process(int(_threads))
+    if getattr(worker, "animegan_replaces", ()):
+        _keep_the_old_workers_if_loading_fails(worker)
 
 
 def post_worker_init(worker):
     """Runs in each worker after it loaded the app and before it takes requests: load
     and warm up the model there, so the first request is as fast as the next ones
-    (``init_app`` itself loads nothing, which keeps `flask` CLI commands quick)."""
+    (``init_app`` itself loads nothing, which keeps `flask` CLI commands quick). A
+    worker started by a reload then stops the old worker it replaces."""
     from flask_animegan.service import warm_up_all
 
-    warm_up_all()
+    _check_threads(worker)
+    replaces = getattr(worker, "animegan_replaces", ())
+    if not replaces:
+        warm_up_all()
+        return
+    try:
+        warm_up_all()
+        problem = _not_ready(worker)
+    except Exception as error:  # at a reload an old worker still serves: keep it
+        worker.log.exception("reload: the new worker's warm-up failed")
+        problem = f"its warm-up failed ({type(error).__name__}: {error})"
+    if problem:
+        _leave(worker, problem)
+    if worker.alive:  # not told to stop while it warmed up
+        _retire(worker, replaces)
+
+
+# --- reloads keep serving -------------------------------------------------------------
+# On HUP (the unit's ExecReload) gunicorn re-reads this file, forks new workers and at once
+# stops the old ones (Arbiter.reload: manage_workers stops the oldest beyond num_workers),
+# and a new worker accepts nothing until post_worker_init, the warm-up, has finished: the
+# instance would be silent for the whole warm-up. Instead on_reload raises num_workers so
+# that gunicorn keeps the old workers; each new worker, once warmed up, stops the old ones
+# it replaces with the SIGTERM gunicorn would have sent (they finish the requests in
+# progress); child_exit brings num_workers back down as they go. The new worker signals
+# them itself rather than asking the master (SIGTTOU): Arbiter.reload waits in a loop, up
+# to graceful_timeout, for the old workers to exit, handling no signal meanwhile. The state
+# lives on the master's Arbiter, since each reload runs this file again.
+
+
+def _handover(server):
+    """The reload's bookkeeping on the master: old workers to retire, and the share of
+    them each new worker replaces (handed out in pre_fork)."""
+    return server.__dict__.setdefault("_animegan_handover", {"retiring": set(), "shares": []})
+
+
+def on_reload(server):
+    """Runs in the master on HUP, after this file was read again, before the new
+    workers are forked."""
+    old = sorted(server.WORKERS, key=lambda pid: server.WORKERS[pid].age)
+    handover = _handover(server)
+    handover["retiring"].update(old)
+    new = max(server.cfg.workers, 1)
+    handover["shares"] = [tuple(old[index::new]) for index in range(new)]
+    server.num_workers = len(server.WORKERS) + new
+    server.log.info("reload: old worker(s) %s serve until the new one(s) have warmed up",
+                    _pids(old))
+
+
+def pre_fork(server, worker):
+    """Runs in the master before each fork: a worker forked by a reload learns which old
+    workers it replaces."""
+    shares = _handover(server)["shares"]
+    worker.animegan_replaces = shares.pop(0) if shares else ()
+
+
+def _keep_the_old_workers_if_loading_fails(worker):
+    """A new worker that cannot load the app (an import error in a new deploy) would exit
+    with gunicorn's boot-error code, and the master would then stop, old workers and all.
+    At a reload it exits with 1 instead, and the old workers keep serving."""
+    load = worker.load_wsgi
+
+    def load_or_leave():
+        try:
+            load()
+        except Exception as error:
+            worker.log.exception("reload: the new worker could not load the app")
+            _leave(worker, f"it could not load the app ({type(error).__name__}: {error})")
+
+    worker.load_wsgi = load_or_leave
+
+
+def _leave(worker, problem):
+    """End a new worker that cannot take over; its old workers keep serving."""
+    worker.log.error("reload: new worker %s is not ready: %s; old worker(s) %s keep "
+                     "serving. Fix that and reload again.", worker.pid, problem,
+                     _pids(worker.animegan_replaces))
+    sys.exit(1)  # exit code 1, not gunicorn's boot error: that would stop the master
+
+
+def _not_ready(worker):
+    """Why a worker that warmed up cannot replace a working one, or None: an app whose
+    default style is not usable (its /healthz would say no_model) answers 503 to every
+    conversion, while the old worker still has its model in memory."""
+    service = getattr(worker.wsgi, "extensions", {}).get("animegan")
+    if service is not None and service.model is None:
+        return "its default style is not usable (see the warning above)"
+    return None
+
+
+def _retire(worker, pids):
+    """Stop the old workers ``pids`` (the new worker's siblings) gracefully."""
+    for pid in pids:
+        if _is_child_of(pid, worker.ppid):
+            os.kill(pid, signal.SIGTERM)
+    worker.log.info("reload: new worker %s is ready; old worker(s) %s stop after the "
+                    "requests they have in progress", worker.pid, _pids(pids))
+
+
+def _is_child_of(pid, parent):
+    """Whether process ``pid`` still runs and is ``parent``'s child (not a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: trust the pid
+        return True
+    return int(fields[1]) == parent
+
+
+def _after_reload_exit(server, worker):
+    """In the master, when a worker exits during a reload's handover: an old one is one
+    worker fewer to keep; a new one that exited before it took over (warm-up failed, hung
+    past the worker timeout, killed) leaves its old ones serving, for good."""
+    handover = _handover(server)
+    if worker.pid in handover["retiring"]:
+        handover["retiring"].discard(worker.pid)
+        server.num_workers = max(server.num_workers - 1, 1)
+        return
+    orphaned = [pid for pid in getattr(worker, "animegan_replaces", ())
+                if pid in handover["retiring"]]
+    if not orphaned:
+        return
+    server.num_workers = max(server.num_workers - 1, 1)
+    still_replaced = {pid for other in server.WORKERS.values()
+                      for pid in getattr(other, "animegan_replaces", ())}
+    handover["retiring"].difference_update(set(orphaned) - still_replaced)
+    server.log.error("reload: new worker %s exited before it was ready; old worker(s) %s "
+                     "keep serving (the reason is in the log above). Fix it and reload "
+                     "again.", worker.pid, _pids(orphaned))
+
+
+def _pids(pids):
+    return ", ".join(map(str, pids)) or "(none)"
+
+
+def _check_threads(worker):
+    """Refuse to serve with too few threads: every conversion the app admits holds a
+    thread from its first byte to its response, and one thread must stay free for
+    /healthz and the pages (docs/deployment.md). Stops the server (a boot error)."""
+    import sys
+
+    from gunicorn.arbiter import Arbiter
+
+    from flask_animegan.service import admitted_at_once
+
+    admitted, threads = admitted_at_once(), worker.cfg.threads
+    if threads > admitted:
+        return
+    worker.log.error(
+        "%s threads (ANIMEGAN_THREADS or --threads) cannot keep a thread free for /healthz "
+        "and the pages: the app admits %s conversions at once (1 + ANIMEGAN_MAX_QUEUE), "
+        "each holding a thread. Set ANIMEGAN_THREADS to %s or more (unset, "
+        "gunicorn.conf.py derives ANIMEGAN_MAX_QUEUE + 2), or lower ANIMEGAN_MAX_QUEUE.",
+        threads, admitted, admitted + 1)
+    sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
 def _log_the_package_to_the_error_log(server):
@@ -145,7 +341,9 @@ def _keep_off_a_live_control_socket(server):
 
 
 def child_exit(server, worker):
-    """A worker's gauges of the "live" kinds (queue depth, ...) end with it."""
+    """Runs in the master when a worker has exited: the reload's handover counts it, and
+    its gauges of the "live" kinds (queue depth, ...) end with it."""
+    _after_reload_exit(server, worker)
     if _METRICS and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 

@@ -105,6 +105,14 @@ def _storage_uri(value: str) -> str | None:
             f"(schemes: {', '.join(s + '://' for s in STORAGE_SCHEMES)})")
 
 
+def _result_storage_uri(value: str) -> str | None:
+    """a storage URI (`memory://`, `redis://...`)"""
+    if value == "" or _storage_uri(value) is None:  # empty (an empty variable) is unset
+        return None
+    return ("is not a storage URI: use redis://host:6380/0 (a Redis with noeviction, "
+            "deploy/redis-state.conf) or memory://, or leave it unset for ANIMEGAN_STORAGE_URI")
+
+
 def _ratelimit_storage_uri(value: str) -> str | None:
     """a flask-limiter storage URI (`memory://`, `redis://...`)"""
     # the scheme itself is checked by flask-limiter when the extension makes its Limiter
@@ -187,9 +195,10 @@ class Settings:
         low=1, high=10**9)
     max_decode_bytes: int = _setting(
         192 * 1024 * 1024, int,
-        'Largest memory one decode may need: width x height x the bytes per pixel of '
-        'its mode (bit depth and bands) plus the RGB copy, read from the header (JPEGs '
-        'at their reduced decoding scale). Larger images get 413.',
+        "Largest memory one decode may need at its peak, estimated from the header "
+        "before any pixel is decoded: Pillow's storage for the mode, the decoder's own "
+        "buffers (WebP canvases, a progressive JPEG's coefficients), every copy on the "
+        "way to the fitted RGB image, and the metadata Pillow keeps. Larger images get 413.",
         low=1, high=64 * GiB)
     max_aspect_ratio: float = _setting(
         20.0, float,
@@ -222,17 +231,25 @@ class Settings:
         check=_rate_limit)
     storage_uri: str = _setting(
         'memory://', str,
-        'Where the result cache and the result pages live: `memory://` (this process, '
-        'bounded by the *_MAX_BYTES settings) or `redis://[:password@]host:port/db` / '
-        '`rediss://...` (shared by every instance; bound it with Redis `maxmemory` and '
-        'an LRU policy). If Redis is unreachable, conversions go on without the cache.',
+        'Where the result cache (and, unless ANIMEGAN_RESULT_STORAGE_URI is set, the result '
+        'pages) lives: `memory://` (this process, bounded by the *_MAX_BYTES settings) or '
+        '`redis://[:password@]host:port/db` / `rediss://...` (shared by every instance; '
+        'bound it with Redis `maxmemory` and an LRU policy). If Redis is unreachable or '
+        'full, conversions go on without the cache.',
         check=_storage_uri)
     ratelimit_storage_uri: str | None = _setting(
         None, str,
         'flask-limiter storage; unset uses ANIMEGAN_STORAGE_URI. `memory://` counts per '
         'process; with Redis, counts are shared, and fall back to per-process memory '
-        'while Redis is unreachable.',
+        'while Redis is unreachable or full. Several instances: a Redis of its own with '
+        '`noeviction` (deploy/redis-state.conf), so that cache traffic never evicts a count.',
         check=_ratelimit_storage_uri)
+    result_storage_uri: str | None = _setting(
+        None, str,
+        'Where the result pages of form uploads live; unset uses ANIMEGAN_STORAGE_URI. '
+        'Several instances: the Redis of the rate-limit counts, with `noeviction`, so that '
+        'cache traffic never evicts a page (deploy/redis-state.conf).',
+        check=_result_storage_uri)
     trusted_proxies: int = _setting(
         0, int,
         'Reverse proxies in front of the app that append to X-Forwarded-For; the rate '
@@ -394,6 +411,11 @@ class Settings:
         """flask-limiter's storage URI: its own setting, else the shared storage."""
         return self.ratelimit_storage_uri or self.storage_uri
 
+    @property
+    def result_storage(self) -> str:
+        """Where the result pages live: their own setting, else the shared storage."""
+        return self.result_storage_uri or self.storage_uri
+
     # -- checks ----------------------------------------------------------------
     def validate(self) -> None:
         """Check every value against the registry, then the rules between settings;
@@ -433,6 +455,7 @@ class AnimeGANOptions(TypedDict, total=False):
     rate_limit: str
     storage_uri: str
     ratelimit_storage_uri: str | None
+    result_storage_uri: str | None
     trusted_proxies: int
     cache_scope: str
     cache_ttl: int

@@ -107,7 +107,9 @@ class AnimeGAN:
 
     @staticmethod
     def _stores(settings: Settings, secret: Any) -> tuple[NearDuplicateCache, ResultStore]:
-        """The result cache and the result pages, both at ANIMEGAN_STORAGE_URI.
+        """The result cache at ANIMEGAN_STORAGE_URI, the result pages at
+        ANIMEGAN_RESULT_STORAGE_URI (default: the same). A page store on a Redis that
+        evicts when full is named in a warning: cache traffic could evict pages there.
 
         Cache keys carry a digest of the client's address keyed with the app's
         SECRET_KEY (the same on every instance, or they stop sharing the cache), so
@@ -118,10 +120,18 @@ class AnimeGAN:
             ttl=settings.cache_ttl, hash_size=settings.phash_size,
             max_distance=settings.phash_max_distance,
             key=secret.encode() if isinstance(secret, str) else bytes(secret or b""))
-        results = ResultStore(
-            open_storage(settings.storage_uri, max_bytes=settings.result_max_bytes,
-                         prefix="animegan:page:"),
-            ttl=settings.result_ttl, max_bytes=settings.result_max_bytes)
+        pages = open_storage(settings.result_storage, max_bytes=settings.result_max_bytes,
+                             prefix="animegan:page:")
+        policy = pages.maxmemory_policy()
+        if policy is not None and policy != "noeviction":
+            log.warning("flask_animegan: the result pages' Redis at %s has maxmemory-policy "
+                        "%s: when it fills up, other traffic (the cache's) can evict a page "
+                        "before its time, and its visitor gets a 404. Keep the pages (and the "
+                        "rate-limit counts) in a Redis of their own with noeviction "
+                        "(deploy/redis-state.conf): ANIMEGAN_RESULT_STORAGE_URI",
+                        pages.status()["server"], policy)
+        results = ResultStore(pages, ttl=settings.result_ttl,
+                              max_bytes=settings.result_max_bytes)
         return cache, results
 
     @staticmethod

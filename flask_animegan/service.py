@@ -22,12 +22,13 @@ from .inputs.formats import encode
 from .inputs.isolation import Decoder
 from .metrics import Metrics
 from .pipeline import Conversion, Pipeline
+from .runtime.admission import Admission
 from .runtime.engine import MIN_SIDE, InferenceEngine
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
-__all__ = ["AnimeGANService", "Conversion", "get_service", "warm_up_all"]
+__all__ = ["AnimeGANService", "Conversion", "admitted_at_once", "get_service", "warm_up_all"]
 
 FORMAT_ALIASES = {"jpg": "jpeg"}
 #: The photo the style picker's samples are made from (NASA's public-domain portrait of
@@ -57,6 +58,9 @@ class AnimeGANService:
         self.results = results
         self.metrics = metrics
         self.pipeline = Pipeline(decoder, engine, quality=settings.jpeg_quality, cache=cache)
+        #: the web conversions in the app at once, at every stage: one running and
+        #: ANIMEGAN_MAX_QUEUE more (runtime/admission.py); the CLI and convert() skip it
+        self.admission = Admission(1 + settings.max_queue, engine.gate.retry_after)
         self._counting_limiter = counting_limiter
         self.own_limiter = own_limiter
         self._model: nn.Module | None = None
@@ -234,32 +238,70 @@ class AnimeGANService:
         return infos
 
     def storage_status(self) -> dict[str, Any]:
-        """Where the cache and the result pages live, and whether it answers (one ping:
-        a worker that has not used Redis for a while still notices an outage)."""
-        storage = self.results.storage
-        if storage.backend != "memory":
-            storage.ping()
-        return storage.status()
+        """Each store a request touches and whether it answers: ``cache``, ``pages`` and,
+        with a rate limit, ``rate_limit`` (its counts), each with ``ok`` and ``state``
+        (``ok``, ``down``: unreachable, ``full``: refusing writes). One ping per Redis
+        (none while an outage's retry wait runs), so a worker that has not used Redis
+        for a while still notices an outage; ``ok`` is whether all of them are."""
+        stores: dict[str, Any] = {}
+        for name, storage in (("cache", self.cache.storage), ("pages", self.results.storage)):
+            if storage.backend != "memory":
+                storage.ping()
+            stores[name] = storage.status()
+        if self.rate_limit:
+            stores["rate_limit"] = self._counts_status()
+        return {"ok": all(store.get("ok", True) for store in stores.values()), **stores}
+
+    def _counts_status(self) -> dict[str, Any]:
+        counts = self.limiter.storage
+        report = getattr(counts, "status", None)  # web/limits.py's FallbackCounts
+        if callable(report):
+            counts.check()  # one ping, as for the other stores
+            return dict(report())
+        try:  # memory://, or a host Limiter's storage (limits' public check)
+            ok = bool(counts.check())
+        except Exception:  # noqa: BLE001 - a storage that cannot say is not healthy
+            ok = False
+        return {"backend": type(counts).__name__, "ok": ok, "state": "ok" if ok else "down"}
+
+    @staticmethod
+    def _store_problems(storage: dict[str, Any]) -> list[str]:
+        """One line per store that degrades the service, naming it and why."""
+        problems = []
+        for name, store in storage.items():
+            if not isinstance(store, dict) or store.get("ok", True):
+                continue
+            where = store.get("server", store.get("backend", "?"))
+            problems.append(
+                f"{name}: {where} is full (maxmemory reached), writes refused"
+                if store.get("state") == "full" else
+                f"{name}: {where} is unreachable ({store.get('error')})")
+        return problems
 
     def health(self, details: bool = True) -> dict[str, Any]:
         """``{"status": ...}`` (ok, degraded, no_model); with ``details``, the engine's state.
 
-        ``degraded``: a style is broken, or the shared storage (Redis) is unreachable,
-        so conversions run without the cache.
+        ``degraded``: a style is broken, or a store (the cache's, the result pages' or the
+        rate-limit counts' Redis) is unreachable or full, so conversions go on without it
+        (the limit counted in this process); ``problems`` then says which and why.
         """
         engine = self.engine.status()
         storage = self.storage_status()
         default = engine["default_style"]
         if default not in engine["installed"] or default in engine["broken"]:
             status = "no_model"
-        elif engine["broken"] or not storage.get("ok", True):
+        elif engine["broken"] or not storage["ok"]:
             status = "degraded"
         else:
             status = "ok"
         if not details:
             return {"status": status}
+        problems = [f"style {name} is broken" for name in engine["broken"]]
+        problems += self._store_problems(storage)
         return {"status": status, "pid": os.getpid(), **engine, "storage": storage,
-                "cache": self.cache.stats(), "decoder": self.decoder.status()}
+                "problems": problems,
+                "cache": self.cache.stats(), "decoder": self.decoder.status(),
+                "admission": self.admission.status()}
 
 
 def get_service() -> AnimeGANService:
@@ -272,6 +314,12 @@ def get_service() -> AnimeGANService:
             "AnimeGAN(app) or animegan.init_app(app)?"
         ) from None
     return service
+
+
+def admitted_at_once() -> int:
+    """Web conversions every AnimeGAN app of this process admits at once, each holding
+    a server thread (gunicorn.conf.py checks its thread count against it)."""
+    return sum(service.admission.capacity for service in list(_services))
 
 
 def warm_up_all() -> None:

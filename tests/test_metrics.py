@@ -83,6 +83,7 @@ def test_counts_are_summed_over_gunicorn_workers(models_dir, tmp_path):
         "ANIMEGAN_RATE_LIMIT": "", "ANIMEGAN_ACCESS_LOG": "", "ANIMEGAN_METRICS": "1",
         "ANIMEGAN_MAX_SIDE": "128", "ANIMEGAN_SAMPLE_SIZE": "0",
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "ANIMEGAN_TORCH_THREADS": "1",
+        "ANIMEGAN_MAX_QUEUE": "0",  # 2 threads: one conversion admitted, one thread free
     }, log=tmp_path / "log.txt", args=("-w", "2", "--threads", "2"))
     try:
         def healthz_count() -> float:

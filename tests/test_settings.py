@@ -37,6 +37,7 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_STORAGE_URI": ["", "localhost:6379", "redis:6379", "http://cache:6379",
                              "memcached://cache:11211"],
     "ANIMEGAN_RATELIMIT_STORAGE_URI": ["localhost:6379", "redis:6379"],
+    "ANIMEGAN_RESULT_STORAGE_URI": ["localhost:6380", "redis:6380", "http://state:6380"],
     "ANIMEGAN_URL_PREFIX": ["", "animegan", "animegan/"],
     "ANIMEGAN_WEIGHTS_BASE_URL": ["mirror.local/weights", "ftp://mirror/weights",
                                   "https://"],
@@ -57,6 +58,8 @@ ACCEPTED_STRINGS: dict[str, list[Any]] = {
     # empty, as from an empty environment variable: unset
     "ANIMEGAN_RATELIMIT_STORAGE_URI": ["", "memory://", "redis://localhost:6379/1",
                                        "redis+unix:///run/redis.sock"],
+    "ANIMEGAN_RESULT_STORAGE_URI": ["", "memory://", "redis://localhost:6380/0",
+                                    "unix:///run/redis-state.sock"],
     "ANIMEGAN_URL_PREFIX": ["/", "/anime", "/tools/anime"],
     "ANIMEGAN_WEIGHTS_BASE_URL": ["", "http://127.0.0.1:8080/weights", "https://mirror.example"],
     "ANIMEGAN_EXTRA_STYLES": [{"mine": {"url": "https://x/mine.pt", "sha1": "0" * 40,

@@ -26,11 +26,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
-from conftest import free_port, photo_bytes
+from conftest import encode_image, free_port, photo_bytes
+from PIL import Image
 from requests.adapters import HTTPAdapter
 from servers import NginxServer, RedisServer, Server, Trickle, child_pids
+
+from bench.servers import REPO
 
 pytestmark = [pytest.mark.server, pytest.mark.nginx, pytest.mark.redis]
 
@@ -290,6 +294,8 @@ def test_conversions_go_on_while_redis_is_down_and_the_cache_comes_back(shared):
             health = wait_for_health(server, lambda h: h["status"] == "degraded", timeout=5)
             assert health["status"] == "degraded", health
             assert health["storage"]["ok"] is False, health
+            assert {store["state"] for store in (health["storage"]["cache"],
+                                                 health["storage"]["rate_limit"])} == {"down"}
     finally:
         shared.redis.start()
 
@@ -301,11 +307,14 @@ def test_conversions_go_on_while_redis_is_down_and_the_cache_comes_back(shared):
     first = client.convert(shared.a, photo_bytes("chelsea", quality=90))
     copy = client.convert(shared.b, photo_bytes("chelsea", quality=85))
     assert (first.headers["X-Cache"], copy.headers["X-Cache"]) == ("MISS", "HIT")
-    # the outage and the recovery are logged once per instance, without the password
+    # the outage and the recovery are logged once per instance and store (the cache and
+    # pages share a line, the counts have theirs)
     for server in shared.instances:
         log = server.output()
-        assert log.count("is unavailable (") == 1, log[-3000:]
-        assert log.count("is available again") == 1, log[-3000:]
+        for store in ("flask_animegan: Redis at ", "the rate-limit storage at "):
+            lines = [line for line in log.splitlines() if store in line]
+            assert sum("is unavailable (" in line for line in lines) == 1, log[-3000:]
+            assert sum("is available again" in line for line in lines) == 1, log[-3000:]
 
 
 # --- (e) an instance dies ----------------------------------------------------------------------
@@ -475,3 +484,82 @@ def test_the_shipped_redis_settings_evict_by_lru_and_keep_nothing_on_disk(tmp_pa
         assert settings["save"] == "" and settings["appendonly"] == "no"
         assert int(settings["maxmemory"]) > 0
 
+
+
+class ShippedRedis(RedisServer):
+    """A Redis running ``deploy/<name>`` as shipped, on a free port (only its bind and port
+    lines changed)."""
+
+    def __init__(self, folder: Path, name: str) -> None:
+        self.name = name  # before super().__init__, which starts the server
+        super().__init__(folder, shipped=True)
+
+    def config(self) -> str:
+        config = (REPO / "deploy" / self.name).read_text()
+        config = re.sub(r"^bind .*$", "bind 127.0.0.1", config, flags=re.MULTILINE)
+        config = re.sub(r"^port \d+$", f"port {self.port}", config, flags=re.MULTILINE)
+        return config + f"\ndir {self.folder}\n"
+
+
+def test_the_shipped_state_redis_never_evicts_and_keeps_nothing_on_disk(tmp_path):
+    with ShippedRedis(tmp_path, "redis-state.conf") as server:
+        client = server.client()
+        settings = {name: client.config_get(name)[name]
+                    for name in ("maxmemory-policy", "save", "appendonly", "maxmemory")}
+        assert settings["maxmemory-policy"] == "noeviction"
+        assert settings["save"] == "" and settings["appendonly"] == "no"
+        assert int(settings["maxmemory"]) > 0
+
+
+def noise_photo(seed: int, size: tuple[int, int] = (2000, 1500)) -> bytes:
+    """A big JPEG no other is near (so each conversion is a miss, a new cache entry)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), np.uint8)
+    return encode_image(Image.fromarray(pixels), "JPEG", quality=90)
+
+
+def test_one_clients_churn_leaves_anothers_page_and_count_intact(models_dir, tmp_path):
+    """8 addresses converting big photos within their limits, against the deploy/ layout:
+    the cache in deploy/redis.conf's LRU Redis (its maxmemory made small here, so the
+    churn evicts cache entries), counts and pages in deploy/redis-state.conf's noeviction
+    one. A victim's result page still opens, and after its 429 it stays limited."""
+    cache = ShippedRedis(tmp_path / "cache", "redis.conf")
+    state = ShippedRedis(tmp_path / "state", "redis-state.conf")
+    with cache, state:
+        cache_client, state_client = cache.client(), state.client()
+        used = int(cache_client.info("memory")["used_memory"])
+        cache_client.config_set("maxmemory", used + (1 << 20))
+        env = {**instance_env(models_dir, cache.uri), "ANIMEGAN_RATE_LIMIT": "5 per 10 minutes",
+               "ANIMEGAN_RATELIMIT_STORAGE_URI": state.uri,
+               "ANIMEGAN_RESULT_STORAGE_URI": state.uri}
+        with Server(env, log=tmp_path / "gunicorn.log") as server:
+            victim = Client()
+            posted = upload_with_form(victim, page_from=server, post_to=server)
+            assert posted.status_code == 303, posted.text[:500]
+            page = posted.headers["Location"]
+            statuses = [victim.convert(server).status_code for _ in range(5)]
+            assert statuses == [200] * 4 + [429], statuses
+
+            seeds = itertools.count()
+            for _ in range(8):
+                churner = Client()
+                for _ in range(5):
+                    answer = churner.request("POST", server, "/animegan/convert?format=png",
+                                             data=noise_photo(next(seeds)),
+                                             headers={"Content-Type": "image/jpeg"})
+                    assert answer.status_code == 200, answer.text[:300]
+                    assert answer.headers["X-Cache"] == "MISS"
+
+            evicted = int(cache_client.info("stats")["evicted_keys"])
+            assert evicted > 0, "the churn should have evicted cache entries"
+            assert int(state_client.info("stats")["evicted_keys"]) == 0
+            opened = victim.request("GET", server, page)
+            assert opened.status_code == 200, opened.text[:300]
+            for image in set(re.findall(r'src="(/animegan/result/[^"?]+)"', opened.text)):
+                assert victim.request("GET", server, image).status_code == 200
+            assert victim.convert(server).status_code == 429  # still limited
+            pages = [key for key in state_client.scan_iter("animegan:page:*")]
+            counts = [key for key in state_client.scan_iter("LIMITS:*")]
+            print(f"\n{evicted} cache keys evicted; state Redis: {len(counts)} counts of "
+                  f"{max(state_client.memory_usage(k, samples=0) for k in counts)} B at most, "
+                  f"{len(pages)} page of {state_client.memory_usage(pages[0], samples=0)} B")
+            assert "has maxmemory-policy" not in server.output()

@@ -66,33 +66,29 @@ def decode_page(blob: bytes | None) -> StoredResult | None:
 class ResultStore:
     """Results of form uploads for the post/redirect/get page, under unguessable ids.
 
-    When ``storage`` cannot take a page (Redis down), the page is kept in a private
-    ``MemoryStorage`` of ``max_bytes`` instead, so the form keeps working on this
-    instance. Without ``storage``, pages live in a private ``MemoryStorage``.
+    A page lives in ``storage`` only (a private ``MemoryStorage`` of ``max_bytes``
+    without one): when the storage cannot take it (Redis down or full), :meth:`add`
+    says so and the upload answers with the page itself (views.py), so that no
+    instance ever hands out an id that the others cannot find.
     """
 
     def __init__(self, storage: Storage | None = None, *, ttl: float, max_bytes: int) -> None:
         self.storage = storage if storage is not None else MemoryStorage(max_bytes)
         self.ttl = ttl
         self.max_bytes = max_bytes
-        self._fallback = (MemoryStorage(max_bytes) if self.storage.backend != "memory"
-                          else None)
 
-    def add(self, result: StoredResult) -> str:
-        """Keep ``result`` for ``ttl`` seconds; returns its id (192 random bits, URL-safe)."""
+    def add(self, result: StoredResult) -> str | None:
+        """Keep ``result`` for ``ttl`` seconds; returns its id (192 random bits, URL-safe),
+        or ``None`` when the storage did not take it."""
         blob = encode_page(result)
         if len(blob) + ITEM_OVERHEAD > self.max_bytes:
             raise ImageTooLarge("the result is too large to keep for its page; choose a "
                                 "smaller size or raise ANIMEGAN_RESULT_MAX_BYTES")
         token = secrets.token_urlsafe(24)
-        if not self.storage.set(token, blob, self.ttl) and self._fallback is not None:
-            self._fallback.set(token, blob, self.ttl)
-        return token
+        return token if self.storage.set(token, blob, self.ttl) else None
 
     def get(self, token: str) -> StoredResult | None:
         """The result kept under ``token``, or ``None`` (unknown, expired, or unreachable)."""
         if not _TOKEN.fullmatch(token):  # not one of ours: no round trip
             return None
-        # the fallback first: it costs no round trip, and ids are never reused
-        blob = self._fallback.get(token) if self._fallback is not None else None
-        return decode_page(blob if blob is not None else self.storage.get(token))
+        return decode_page(self.storage.get(token))

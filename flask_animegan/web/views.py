@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -14,6 +15,7 @@ from flask import (
     Response,
     abort,
     current_app,
+    g,
     jsonify,
     make_response,
     redirect,
@@ -61,6 +63,11 @@ _adapters: weakref.WeakKeyDictionary[Environment, dict[str, Template]] = (
 # form (the upload) in one of those.
 @blueprint.url_value_preprocessor
 def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> None:
+    if endpoint in LIMITED_ENDPOINTS:
+        # Before anything reads the upload: an app with its conversions all in use
+        # answers 503 at once, and one thread stays free for /healthz and the pages
+        # (runtime/admission.py). Left in _leave_admission, however the request ends.
+        g.animegan_admission = get_service().admission.enter()
     # Werkzeug answers 413 from Content-Length before reading the body. A chunked
     # body has no length: Werkzeug then stops reading at the limit without an error,
     # so allow one byte more and refuse the body if it gets there (_read_upload).
@@ -68,6 +75,13 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
     request.max_content_length = limit if request.content_length is not None else limit + 1
     request.max_form_parts = MAX_FORM_PARTS
     csrf.exempt_from_host(convert)  # why that is safe: csrf.py
+
+
+@blueprint.teardown_request
+def _leave_admission(error: BaseException | None) -> None:
+    ticket = g.pop("animegan_admission", None)
+    if ticket is not None:
+        ticket.leave()
 
 
 def content_security_policy() -> str:
@@ -99,16 +113,32 @@ def _security_headers(response: Response) -> Response:
 
 @blueprint.after_request
 def _rate_limit_headers(response: Response) -> Response:
-    """X-RateLimit-* on the limited routes; Retry-After only where it means something."""
+    """X-RateLimit-* on the limited routes; Retry-After only where it means something.
+
+    The window is read from the counts' storage after the view; a storage that fails
+    then (a host Limiter's; ours falls back by itself, web/limits.py) costs the
+    headers, never the finished conversion."""
     service = get_service()
     current = service.limiter.current_limit if service.rate_limit_headers else None
     if current is not None and request.endpoint in LIMITED_ENDPOINTS:
-        response.headers.setdefault("X-RateLimit-Limit", str(current.limit.amount))
-        response.headers.setdefault("X-RateLimit-Remaining", str(current.remaining))
-        response.headers.setdefault("X-RateLimit-Reset", str(int(current.reset_at)))
+        window = _window(current)
+        if window is not None:
+            response.headers.setdefault("X-RateLimit-Limit", str(current.limit.amount))
+            response.headers.setdefault("X-RateLimit-Remaining", str(window[0]))
+            response.headers.setdefault("X-RateLimit-Reset", str(window[1]))
     if response.status_code not in (429, 503):
         response.headers.pop("Retry-After", None)
     return response
+
+
+def _window(current: Any) -> tuple[int, int] | None:
+    """``(remaining, reset_at)`` of flask-limiter's RequestLimit, or ``None`` when its
+    storage cannot say now."""
+    try:
+        return int(current.remaining), int(current.reset_at)
+    except Exception:  # noqa: BLE001 - any storage failure: go on without the figures
+        log.debug("flask_animegan: the rate-limit window could not be read", exc_info=True)
+        return None
 
 
 def _path_only(url: str) -> str:
@@ -274,10 +304,15 @@ def upload() -> BaseResponse:
     csrf.check()
     conversion = _convert_request()
     service = get_service()
-    token = service.results.add(StoredResult(
+    stored = StoredResult(
         original=encode(conversion.input_image, "jpeg", service.quality),
         result=conversion.data, mimetype=conversion.mimetype, style=conversion.style,
-        size=conversion.size))
+        size=conversion.size)
+    token = service.results.add(stored)
+    if token is None:
+        # the page store is down or full: answer with the page itself, its pictures
+        # inline, rather than a page id that no instance could find
+        return _result_page(stored, token=None)
     return redirect(url_for(".result", token=token), code=303)
 
 
@@ -286,10 +321,29 @@ def result(token: str) -> Response:
     stored = get_service().results.get(token)
     if stored is None:
         abort(404, "this result has expired or never existed; convert the photo again")
+    return _result_page(stored, token)
+
+
+def _result_page(stored: StoredResult, token: str | None) -> Response:
+    """The result page: its pictures at their URLs, or inline (``data:``) without a token."""
+    if token is not None:
+        sources = {
+            "original": url_for(".result_image", token=token, kind="original"),
+            "anime": url_for(".result_image", token=token, kind="anime"),
+            "download": url_for(".result_image", token=token, kind="anime", download=1)}
+    else:
+        anime = _data_url(stored.mimetype, stored.result)
+        sources = {"original": _data_url("image/jpeg", stored.original), "anime": anime,
+                   "download": anime}
     response = make_response(render_template("animegan/result.html", animegan=_page(
-        token=token, result=stored, download_name=_download_name(stored))))
+        token=token, result=stored, sources=sources, kept=token is not None,
+        download_name=_download_name(stored))))
     response.headers["Cache-Control"] = RESULT_CACHE_CONTROL
     return response
+
+
+def _data_url(mimetype: str, data: bytes) -> str:
+    return f"data:{mimetype};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def _download_wanted(raw: str) -> bool:
@@ -418,7 +472,10 @@ def _rate_limited(error: RateLimitExceeded) -> Response:
     if service.metrics is not None:
         service.metrics.rate_limited.inc()
     current = service.limiter.current_limit
-    wait = max(1, int(current.reset_at - time.time())) if current else 60
+    window = _window(current) if current is not None else None
+    # without the window (its storage failed just now), the limit's own period
+    wait = (max(1, int(window[1] - time.time())) if window is not None
+            else max(1, int(error.limit.limit.get_expiry())))
     return _error_response(f"too many conversions from your address (limit: {error.description});"
                            f" try again in {wait} s", 429, wait)
 
