@@ -30,6 +30,8 @@ BACKENDS = ("torch", "openvino")
 CACHE_SCOPES = ("client", "global")
 ISOLATIONS = ("process", "thread")
 HEALTH_DETAILS = ("local", "all", "none")
+#: Where jobs wait and run (ANIMEGAN_JOB_QUEUE).
+JOB_QUEUES = ("auto", "rq", "local")
 #: URI schemes of a Redis server, for the cache and result pages (and their limiter).
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 STORAGE_SCHEMES = ("memory", *REDIS_SCHEMES)
@@ -322,6 +324,60 @@ class Settings:
         60.0, float,
         'Seconds a queued conversion waits for the model before giving up with 503.',
         low=0.01, high=HOUR)
+    job_queue: str = _setting(
+        'auto', str,
+        'Where jobs (animations and videos, `POST {prefix}/jobs`) wait and run: `rq` '
+        '(an RQ queue on the Redis of ANIMEGAN_RESULT_STORAGE_URI, else ANIMEGAN_STORAGE_URI, '
+        'converted by `flask animegan worker` processes on any machine that reaches it), '
+        '`local` (one in-process worker thread per app process, one job at a time: '
+        'single-machine) or `auto` (`rq` when that storage is Redis, else `local`). `rq` '
+        'without a Redis storage stops the app at start.',
+        choices=JOB_QUEUES)
+    job_ttl: int = _setting(
+        3600, int,
+        "Seconds a job's record, result and preview stay available (each key has this "
+        'TTL, renewed while the job runs); the upload is dropped when the job ends.',
+        low=60, high=30 * DAY)
+    job_max_queue: int = _setting(
+        16, int,
+        'Jobs allowed to wait for a worker; more get 503 with Retry-After.',
+        low=1, high=100000)
+    job_timeout: int = _setting(
+        1800, int,
+        'Seconds one job may run before it is stopped and marked failed.',
+        low=10, high=DAY)
+    job_stall_seconds: float = _setting(
+        20.0, float,
+        'A running job whose worker has not reported for this long (a killed worker) is '
+        'requeued once, else marked failed; workers report at least every 0.5 s between '
+        'frames, so keep it above the time of one frame.',
+        low=2, high=HOUR)
+    jobs_per_client: int = _setting(
+        2, int,
+        'Unfinished jobs (queued or running) one client may have; more get 429.',
+        low=1, high=1000)
+    frames_per_conversion: int = _setting(
+        25, int,
+        'A job counts against ANIMEGAN_RATE_LIMIT as ceil(frames / this) conversions.',
+        low=1, high=100000)
+    max_frames: int = _setting(
+        600, int,
+        'Most frames one animation or video may have (read from its header, checked again '
+        'while decoding); more get 413.',
+        low=1, high=1000000)
+    max_seconds: float = _setting(
+        30.0, float,
+        'Longest duration of one animation or video, in seconds; longer gets 413.',
+        low=0.1, high=DAY)
+    max_fps: float = _setting(
+        60.0, float,
+        'Highest frame rate of one animation or video; higher gets 413.',
+        low=1, high=1000)
+    max_frame_pixels: int = _setting(
+        4000000, int,
+        'Largest area (width x height) of one frame of an animation or video; larger '
+        'gets 413.',
+        low=1, high=10**9)
     output_format: str = _setting(
         'jpeg', str,
         'Default output format: jpeg, png or webp.',
@@ -416,6 +472,13 @@ class Settings:
         """Where the result pages live: their own setting, else the shared storage."""
         return self.result_storage_uri or self.storage_uri
 
+    @property
+    def job_queue_kind(self) -> str:
+        """``rq`` or ``local``: ANIMEGAN_JOB_QUEUE with ``auto`` resolved from the storage."""
+        if self.job_queue != "auto":
+            return self.job_queue
+        return "rq" if _scheme(self.result_storage) in REDIS_SCHEMES else "local"
+
     # -- checks ----------------------------------------------------------------
     def validate(self) -> None:
         """Check every value against the registry, then the rules between settings;
@@ -470,6 +533,17 @@ class AnimeGANOptions(TypedDict, total=False):
     model_cache_dir: str | None
     max_queue: int
     queue_timeout: float
+    job_queue: str
+    job_ttl: int
+    job_max_queue: int
+    job_timeout: int
+    job_stall_seconds: float
+    jobs_per_client: int
+    frames_per_conversion: int
+    max_frames: int
+    max_seconds: float
+    max_fps: float
+    max_frame_pixels: int
     output_format: str
     jpeg_quality: int
     max_loaded_styles: int
