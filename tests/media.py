@@ -77,9 +77,11 @@ def gif_from_photos(n: int = 10, size: tuple[int, int] = (96, 64),
     if transparency:
         frames = [_with_transparent_border(frame) for frame in frames]
     buffer = io.BytesIO()
-    params: dict[str, object] = {"save_all": True, "append_images": frames[1:],
+    params: dict[str, object] = {"save_all": n > 1, "append_images": frames[1:],
                                  "duration": _per_frame(durations, n),
                                  "disposal": _per_frame(disposal, n), "optimize": False}
+    if n == 1:  # Pillow takes lists for animations only
+        params.update(duration=params["duration"][0], disposal=params["disposal"][0])
     if loop is not None:
         params["loop"] = loop
     frames[0].save(buffer, "GIF", **params)
@@ -131,21 +133,25 @@ CONTAINERS = {
 
 def video_clip(seconds: float = 1.0, fps: float = 10, size: tuple[int, int] = (96, 64),
                container: str = "mp4", audio: bool = True, static_seconds: float = 0.0,
-               name: str = "chelsea") -> bytes:
+               name: str = "chelsea", codec: str | None = None, crf: int = 23) -> bytes:
     """A clip of ``seconds`` at ``fps`` (``static_seconds`` of it a static shot first),
-    with a mono sine tone of the same length when ``audio``."""
+    with a mono sine tone of the same length when ``audio``. ``codec``: another video
+    codec than the container's usual one (FFmpeg's encoder name); ``crf``: x264's quality
+    (lower is better: at 23, a static shot's frames differ by more than the cache's rule
+    for "the same photo" allows, as the encoder refines the picture frame by frame)."""
     muxer, video_codec, audio_codec = CONTAINERS[container]
+    video_codec = codec or video_codec
     count = max(1, round(seconds * fps))
     rate = Fraction(fps).limit_denominator(1001)
     buffer = io.BytesIO()
     with av.open(buffer, "w", format=muxer) as out:
         video = out.add_stream(video_codec, rate=rate)
         video.width, video.height = size
-        video.pix_fmt = "yuv420p"
+        video.pix_fmt = "rgb24" if video_codec == "png" else "yuv420p"
         video.codec_context.time_base = 1 / rate
         if video_codec == "libx264":
-            video.options = {"preset": "ultrafast", "crf": "23"}
-        else:
+            video.options = {"preset": "ultrafast", "crf": str(crf)}
+        elif video_codec.startswith("libvpx"):
             video.options = {"deadline": "realtime", "cpu-used": "8"}
         video.thread_count = 1
         sound = out.add_stream(audio_codec, rate=AUDIO_RATE, layout="mono") if audio else None

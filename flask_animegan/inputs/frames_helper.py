@@ -1,0 +1,360 @@
+"""Probing and decoding animations and videos in a helper process, with time and memory
+limits: :func:`isolated_probe` and :func:`isolated_frames`, the isolated versions of
+:func:`.media.probe` and :func:`.media.frames`.
+
+The helper is ``python -m flask_animegan.inputs.frames_helper`` (Pillow, NumPy and PyAV;
+never torch nor Flask). As :mod:`.helper` does, it reads one request at a time from
+stdin and writes its answers to stdout:
+
+* request: ``>II`` (header length, data length), a JSON header (``op``: "probe" or
+  "frames"; ``limits``, ``decode``, ``memory``; for frames ``info``, ``size``, ``square``),
+  then the file's bytes;
+* answers: ``>II`` (header length, payload length) and a JSON header, then the payload.
+  A probe answers once (``ok``, ``info``). Frames answer once a frame (``ok``, ``frame``:
+  index, width, height, duration_ms, disposal, pts; the payload is the fitted frame's RGB
+  pixels), then ``ok`` with ``end``. An error ends either: ``ok: false``, ``error`` (the
+  exception's class name), ``message``.
+
+The request runs under an address-space limit of ``memory`` bytes above what the helper
+already uses. Frames are written as they are decoded and the pipe holds about one, so
+the helper decodes at the pace the caller takes them, one frame ahead. A helper that
+takes longer than the time limits (per frame, and in all for the time spent waiting on
+it) is killed, as is one whose caller stops reading; a clean one is kept for the next
+request of this process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import mmap
+import os
+import resource
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Generator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from PIL import Image
+
+from ..errors import BadImage, ConversionError, ImageTooLarge, UnsupportedImage
+from ..process import configure_decoding
+from . import media
+from .decoding import DecodeLimits
+from .helper import FRAME, read_exact
+from .media import Frame, MediaInfo, MediaLimits
+
+_ERRORS: dict[str, type[ConversionError]] = {
+    cls.__name__: cls for cls in (BadImage, ImageTooLarge, UnsupportedImage)}
+#: Address space the helper may take above what it holds when a request starts, beside
+#: the decode's own peak (``DecodeLimits.max_bytes``): FFmpeg's and Python's slack.
+SLACK_BYTES = 96 << 20
+
+
+def default_memory(decode: DecodeLimits, size: int) -> int:
+    """The address-space allowance for one request (the decode budget, a fitted frame and
+    the slack)."""
+    return decode.max_bytes + 3 * size * size + SLACK_BYTES
+
+
+# -- the caller's side -------------------------------------------------------------------
+class _Helper:
+    """One helper process, owned by the process that started it."""
+
+    def __init__(self) -> None:
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_parent,
+                                                          env.get("PYTHONPATH"))))
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = "1"
+        self.owner = os.getpid()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "flask_animegan.inputs.frames_helper"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
+
+    def send(self, header: dict[str, Any], data: bytes) -> None:
+        head = json.dumps(header).encode()
+        stdin = self.process.stdin
+        assert stdin is not None  # stdin=PIPE
+        stdin.write(FRAME.pack(len(head), len(data)) + head)
+        stdin.write(data)
+
+    def receive(self, deadline: float) -> tuple[dict[str, Any], bytes]:
+        """One answer, by ``deadline`` (monotonic) or TimeoutError."""
+        head_len, payload_len = FRAME.unpack(self._read(FRAME.size, deadline))
+        answer = json.loads(self._read(head_len, deadline))
+        return answer, self._read(payload_len, deadline)
+
+    def _read(self, count: int, deadline: float) -> bytes:
+        assert self.process.stdout is not None  # stdout=PIPE
+        fd = self.process.stdout.fileno()
+        chunks, remaining = [], count
+        while remaining:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                raise EOFError("the frames helper exited")
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+
+    def died_of_a_crash(self) -> bool:
+        """Whether the helper ended by a signal other than a kill (the kernel's OOM
+        killer sends SIGKILL; a decoder that crashes, SIGSEGV or SIGABRT)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(1)
+        code = self.process.returncode
+        return code is not None and code < 0 and -code != signal.SIGKILL
+
+    def kill(self) -> None:
+        if self.owner != os.getpid():
+            return  # inherited across a fork: the parent's, not ours to kill
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            self.process.wait(5)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
+
+class _Pool:
+    """Idle helpers of this process, reused by later requests."""
+
+    def __init__(self) -> None:
+        self._idle: list[_Helper] = []
+        self._lock = threading.Lock()
+        self.started = 0
+        self.killed = 0
+
+    def take(self) -> _Helper:
+        with self._lock:
+            while self._idle:
+                helper = self._idle.pop()
+                if helper.owner == os.getpid() and helper.process.poll() is None:
+                    return helper
+            self.started += 1
+        return _Helper()
+
+    def give_back(self, helper: _Helper) -> None:
+        with self._lock:
+            self._idle.append(helper)
+
+    def discard(self, helper: _Helper) -> None:
+        with self._lock:
+            self.killed += 1
+        helper.kill()
+
+    def close(self) -> None:
+        with self._lock:
+            helpers, self._idle = self._idle, []
+        for helper in helpers:
+            helper.kill()
+
+
+POOL = _Pool()
+atexit.register(POOL.close)
+
+
+def _failure(helper: _Helper, what: str) -> ConversionError:
+    """The error for a helper that stopped answering (it is killed already)."""
+    if helper.died_of_a_crash():
+        return BadImage(f"the {what} crashed the decoder; it is corrupt. "
+                        f"{media.MEDIA_HINT[0].upper()}{media.MEDIA_HINT[1:]}")
+    return ImageTooLarge(f"the {what} could not be decoded within this server's memory "
+                         "limit; send a smaller one")
+
+
+def isolated_probe(data: bytes, limits: MediaLimits, decode: DecodeLimits,
+                   timeout: float, *, memory: int | None = None) -> MediaInfo:
+    """:func:`.media.probe` in a helper process, killed after ``timeout`` s."""
+    header = {"op": "probe", "limits": asdict(limits), "decode": asdict(decode),
+              "memory": memory or default_memory(decode, 0)}
+    helper = POOL.take()
+    try:
+        helper.send(header, data)
+        answer, _ = helper.receive(time.monotonic() + timeout)
+    except TimeoutError:
+        POOL.discard(helper)
+        raise ImageTooLarge(f"the file took more than {timeout:g} s to read; send a "
+                            "smaller or simpler one") from None
+    except (OSError, EOFError, ValueError):
+        POOL.discard(helper)
+        raise _failure(helper, "file") from None
+    POOL.give_back(helper)
+    if not answer["ok"]:
+        raise _ERRORS.get(answer["error"], BadImage)(answer["message"])
+    return MediaInfo(**answer["info"])
+
+
+def isolated_frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: DecodeLimits,
+                    *, size: int, square: bool = False, timeout_per_frame: float,
+                    memory: int | None = None,
+                    timeout_total: float | None = None) -> Generator[Frame, None, None]:
+    """:func:`.media.frames` in a helper process, streamed. Raises ImageTooLarge when one
+    frame takes more than ``timeout_per_frame`` s to arrive, when the time spent waiting
+    for frames adds up to more than ``timeout_total`` s (None: no total limit), or when
+    the helper dies for memory; the helper is then killed."""
+    header = {"op": "frames", "limits": asdict(limits), "decode": asdict(decode),
+              "info": asdict(info), "size": size, "square": square,
+              "memory": memory or default_memory(decode, size)}
+    helper = POOL.take()
+    clean = False
+    waited = 0.0
+    try:
+        helper.send(header, data)
+        while True:
+            started = time.monotonic()
+            wait = timeout_per_frame
+            if timeout_total is not None:
+                wait = min(wait, max(0.0, timeout_total - waited))
+            try:
+                answer, pixels = helper.receive(started + wait)
+            except TimeoutError:
+                total = timeout_total is not None and waited + wait >= timeout_total
+                raise ImageTooLarge(
+                    f"decoding the {info.kind} took more than "
+                    + (f"{timeout_total:g} s in all" if total
+                       else f"{timeout_per_frame:g} s for one frame")
+                    + "; send a shorter, smaller or simpler one") from None
+            except (OSError, EOFError, ValueError):
+                helper.kill()
+                raise _failure(helper, info.kind) from None
+            waited += time.monotonic() - started
+            if not answer["ok"]:
+                clean = True
+                raise _ERRORS.get(answer["error"], BadImage)(answer["message"])
+            if answer.get("end"):
+                clean = True
+                return
+            yield frame_of(answer["frame"], pixels)
+    finally:
+        if clean:
+            POOL.give_back(helper)
+        else:
+            POOL.discard(helper)
+
+
+def frame_of(header: dict[str, Any], pixels: bytes) -> Frame:
+    image = Image.frombytes("RGB", (int(header["width"]), int(header["height"])), pixels)
+    return Frame(index=int(header["index"]), image=image,
+                 duration_ms=int(header["duration_ms"]),
+                 disposal=None if header["disposal"] is None else int(header["disposal"]),
+                 pts=float(header["pts"]))
+
+
+# -- the helper's side -------------------------------------------------------------------
+def _address_space() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * resource.getpagesize()
+
+
+def _answer(out: BinaryIO, header: dict[str, Any], payload: bytes = b"") -> None:
+    head = json.dumps(header).encode()
+    out.write(FRAME.pack(len(head), len(payload)) + head)
+    out.write(payload)
+    out.flush()
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, ConversionError):
+        return {"ok": False, "error": exc.__class__.__name__, "message": str(exc)}
+    if isinstance(exc, MemoryError):
+        return {"ok": False, "error": ImageTooLarge.__name__,
+                "message": "the file needs more memory to decode than this server allows; "
+                           "send a smaller one"}
+    return {"ok": False, "error": BadImage.__name__,
+            "message": f"the file cannot be decoded ({exc.__class__.__name__}); "
+                       f"{media.MEDIA_HINT}"}
+
+
+def _starved(count: int) -> bool:
+    """Whether ``count`` more bytes of address space are out of reach (an anonymous map
+    counts against RLIMIT_AS without touching a page)."""
+    try:
+        mmap.mmap(-1, max(1, count)).close()
+    except (OSError, MemoryError, ValueError):
+        return True
+    return False
+
+
+def _serve(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
+    """Answer one request, under its address-space limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = _address_space() + int(request["memory"])
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    limits = MediaLimits(**request["limits"])
+    decode = DecodeLimits(**request["decode"])
+    need = _PROBE_BYTES
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+        try:
+            with warnings.catch_warnings():
+                # Pillow's complaints about hostile files would fill the server's log
+                warnings.simplefilter("ignore", UserWarning)
+                _run(out, request, data, limits, decode)
+        except BadImage as exc:
+            # FFmpeg reports a failed allocation as corrupt data: if the decode's own
+            # estimate no longer fits under the limit, it was the memory
+            if request["op"] == "frames":
+                need = media.frame_bytes_needed(MediaInfo(**request["info"]))
+            _answer(out, _error(MemoryError() if _starved(need) else exc))
+        except Exception as exc:  # noqa: BLE001 - never die on a file
+            _answer(out, _error(exc))
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+#: What a probe needs at most beside the file (FFmpeg's probe buffers, Pillow's header).
+_PROBE_BYTES = 32 << 20
+
+
+def _run(out: BinaryIO, request: dict[str, Any], data: bytes, limits: MediaLimits,
+         decode: DecodeLimits) -> None:
+    if request["op"] == "probe":
+        info = media.probe(data, limits, decode)
+        _answer(out, {"ok": True, "info": asdict(info)})
+        return
+    info = MediaInfo(**request["info"])
+    for frame in media.frames(data, info, limits, decode, size=int(request["size"]),
+                              square=bool(request["square"])):
+        head = {"index": frame.index, "width": frame.image.width,
+                "height": frame.image.height, "duration_ms": frame.duration_ms,
+                "disposal": frame.disposal, "pts": frame.pts}
+        _answer(out, {"ok": True, "frame": head}, frame.image.tobytes())
+    _answer(out, {"ok": True, "end": True})
+
+
+def main() -> None:
+    configure_decoding()
+    # Answers go to the original stdout; anything a library prints goes to stderr.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    stdin = sys.stdin.buffer
+    while True:
+        frame = read_exact(stdin, FRAME.size)
+        if frame is None:
+            return
+        head_len, data_len = FRAME.unpack(frame)
+        head = read_exact(stdin, head_len)
+        data = read_exact(stdin, data_len)
+        if head is None or data is None:
+            return
+        _serve(out, json.loads(head), data)
+
+
+if __name__ == "__main__":
+    main()

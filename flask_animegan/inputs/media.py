@@ -1,0 +1,491 @@
+"""What an upload is (a still, an animation or a video) and its frames, within limits.
+
+:func:`probe` reads only headers and container metadata: the frame count, the duration,
+the frame rate and the size are checked against :class:`MediaLimits` (and the frame's
+pixels and decode memory against :class:`~.decoding.DecodeLimits`) before a frame is
+decoded. :func:`frames` then decodes lazily, one frame in memory at a time, and counts
+again while it decodes: a file whose header lied stops at the limit with ImageTooLarge.
+
+* Animations (GIF, animated WebP, APNG) go through Pillow, composited as Pillow does
+  (disposal, blending), alpha over white as :func:`~.decoding.to_rgb` does. Their frame
+  count, durations and loop come from walking the file's blocks or chunks (no pixels).
+* Videos (MP4, MOV, WebM, Matroska) go through PyAV (FFmpeg), one video stream, the
+  codecs in :data:`VIDEO_CODECS` only.
+
+Durations: a frame of 10 ms or less (0 included, and APNG's negative or undefined ones)
+is shown for 100 ms, as browsers show GIFs, so a "1,000 fps" animation plays at 10 fps.
+Everything here needs Pillow, NumPy and PyAV only: it also runs in the helper process of
+:mod:`flask_animegan.inputs.frames_helper`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+from ..config import Settings
+from ..errors import BadImage, ConversionError, ImageTooLarge, UnsupportedImage
+from . import decoding
+from .decoding import DecodeLimits
+
+#: Pillow's names of the formats that may hold an animation (APNG is a PNG with frames).
+ANIMATION_FORMATS = ("GIF", "WEBP", "PNG")
+#: PyAV's names of the demuxers accepted for videos, and the format each file is called.
+VIDEO_FORMATS = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm")
+#: The video codecs decoded (FFmpeg's names); others answer 415.
+VIDEO_CODECS = frozenset({"h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg", "prores"})
+MEDIA_HINT = ("send a GIF, animated WebP or APNG, or an MP4, WebM or MOV video "
+              "(H.264, HEVC, VP8, VP9 or AV1)")
+
+#: A frame shown for this long or less is shown for :data:`DEFAULT_DURATION_MS`.
+MIN_DURATION_MS = 10
+DEFAULT_DURATION_MS = 100
+#: What a video's header may understate: the frame rate may run this much above the
+#: limit over the first second before decoding stops (variable frame rates jitter).
+_FPS_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """What one animation or video may hold. The defaults match the ``ANIMEGAN_*`` defaults."""
+
+    max_frames: int = 600
+    max_seconds: float = 30.0
+    max_fps: float = 60.0
+    #: per frame
+    max_pixels: int = 4_000_000
+    #: frames times pixels a frame
+    max_total_pixels: int = 600 * 1_000_000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MediaLimits:
+        """The limits of ANIMEGAN_MAX_FRAMES, _MAX_SECONDS, _MAX_FPS and _MAX_FRAME_PIXELS
+        (the total: the default, 600 frames of a megapixel)."""
+        return cls(max_frames=settings.max_frames, max_seconds=settings.max_seconds,
+                   max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels)
+
+
+@dataclass(frozen=True)
+class MediaInfo:
+    """What :func:`probe` found."""
+
+    kind: str  # "still", "animation" or "video"
+    format: str  # GIF, WEBP, PNG (APNG), MP4, MOV, WEBM, MKV; a still's Pillow format
+    width: int
+    height: int
+    frames: int
+    duration_s: float
+    fps: float | None
+    has_audio: bool
+    #: times an animation plays (0: forever; None: once, no loop block); None for videos
+    loop: int | None
+
+
+@dataclass
+class Frame:
+    """One decoded frame, fitted to the requested size."""
+
+    index: int
+    image: Image.Image  # RGB
+    duration_ms: int
+    disposal: int | None  # GIF/APNG disposal of the source frame; None otherwise
+    pts: float  # seconds from the start
+
+
+def normal_duration(ms: float | None) -> int:
+    """A frame's duration as it will be shown (see the module doc)."""
+    if ms is None or not math.isfinite(ms) or ms <= MIN_DURATION_MS:
+        return DEFAULT_DURATION_MS
+    return round(ms)
+
+
+# -- probing ---------------------------------------------------------------------------
+def probe(data: bytes, limits: MediaLimits, decode: DecodeLimits) -> MediaInfo:
+    """What ``data`` is, from its headers; raises BadImage (400), UnsupportedImage (415)
+    or ImageTooLarge (413, over a limit) with a message that says what to send."""
+    if not data:
+        raise BadImage(f"the upload is empty; {MEDIA_HINT}")
+    video = _video_demuxer(data)
+    if video is not None:
+        info = _probe_video(data, video, decode)
+    else:
+        info = _probe_picture(data, decode)
+    if info.kind != "still":
+        check(info, limits, decode)
+    return info
+
+
+def check(info: MediaInfo, limits: MediaLimits, decode: DecodeLimits) -> None:
+    """Raise ImageTooLarge when ``info`` is over one of the limits."""
+    what = _name(info)
+    area = info.width * info.height
+    if info.frames > limits.max_frames:
+        raise ImageTooLarge(f"the {what} has {info.frames:,} frames; at most "
+                            f"{limits.max_frames:,} are accepted. Send a shorter one")
+    if info.duration_s > limits.max_seconds:
+        raise ImageTooLarge(f"the {what} lasts {info.duration_s:.1f} s; at most "
+                            f"{limits.max_seconds:g} s are accepted. Send a shorter one")
+    if info.fps is not None and info.fps > limits.max_fps:
+        raise ImageTooLarge(f"the {what} has {info.fps:.4g} frames a second; at most "
+                            f"{limits.max_fps:g} are accepted. Send it at a lower frame rate")
+    pixels = min(limits.max_pixels, decode.max_pixels)
+    if area > pixels:
+        raise ImageTooLarge(f"the {what}'s frames are {info.width}x{info.height} = "
+                            f"{area:,} pixels; the limit is {pixels:,}. Send a smaller one")
+    if max(info.width, info.height) > decode.max_aspect * min(info.width, info.height):
+        raise ImageTooLarge(f"the {what} is {info.width}x{info.height}: one side is more "
+                            f"than {decode.max_aspect:g} times the other")
+    if info.frames * area > limits.max_total_pixels:
+        raise ImageTooLarge(f"the {what} has {info.frames * area:,} pixels in all "
+                            f"({info.frames:,} frames of {area:,}); the limit is "
+                            f"{limits.max_total_pixels:,}. Send a shorter or smaller one")
+    needed = frame_bytes_needed(info)
+    if needed > decode.max_bytes:
+        raise ImageTooLarge(f"decoding the {what}'s {info.width}x{info.height} frames "
+                            f"needs {needed >> 20} MiB; the limit is "
+                            f"{decode.max_bytes >> 20} MiB. Send a smaller one")
+
+
+#: Bytes a pixel of the canvas that decoding one frame holds at its peak: Pillow's canvas
+#: and its disposal copy (4 + 4), the frame's RGBA and RGB copies (4 + 4), a decoder's
+#: own canvases (libwebp keeps two). Videos: up to 16 reference frames of YUV 4:2:0
+#: (1.5 bytes a pixel each) in FFmpeg's pool, the RGB picture and Pillow's copy.
+_ANIMATION_BYTES_PER_PIXEL = 24
+_VIDEO_BYTES_PER_PIXEL = 18 * 1.5 + 8
+_FIXED_BYTES = 16 << 20
+
+
+def frame_bytes_needed(info: MediaInfo) -> int:
+    """The most memory decoding one of ``info``'s frames holds (held against max_bytes)."""
+    per_pixel = _VIDEO_BYTES_PER_PIXEL if info.kind == "video" else _ANIMATION_BYTES_PER_PIXEL
+    return int(per_pixel * info.width * info.height) + _FIXED_BYTES
+
+
+def _name(info: MediaInfo) -> str:
+    if info.kind == "video":
+        return f"{info.format} video"
+    return {"PNG": "APNG", "WEBP": "WebP"}.get(info.format, info.format) + " animation"
+
+
+def _probe_picture(data: bytes, decode: DecodeLimits) -> MediaInfo:
+    """A still or an animation: Pillow's header checks, then the file's own blocks."""
+    opened = decoding.open_upload(data, decode)  # BadImage / UnsupportedImage / 413
+    image = opened.image
+    fmt = str(image.format)
+    width, height = image.size
+    try:
+        layout = _LAYOUTS[fmt](data) if fmt in _LAYOUTS else None
+    except ConversionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a corrupt header: whatever struct raises
+        raise BadImage(f"the {fmt} file is truncated or corrupt ({exc.__class__.__name__}); "
+                       f"{MEDIA_HINT}") from None
+    finally:
+        image.close()
+    if layout is None or layout.frames <= 1:
+        return MediaInfo("still", fmt, width, height, 1, 0.0, None, False, None)
+    width, height = max(width, layout.width), max(height, layout.height)
+    duration = layout.milliseconds / 1000
+    return MediaInfo("animation", fmt, width, height, layout.frames, duration,
+                     layout.frames / duration if duration else None, False, layout.loop)
+
+
+@dataclass
+class _Layout:
+    frames: int = 0
+    milliseconds: int = 0
+    loop: int | None = None
+    width: int = 0  # the largest extent of a frame (a frame may reach past the screen)
+    height: int = 0
+
+
+def _gif_layout(data: bytes) -> _Layout:
+    """Count a GIF's frames and add up their durations from its blocks (no LZW decoding)."""
+    layout = _Layout()
+    flags = data[10]
+    pos = 13 + (3 * (2 << (flags & 7)) if flags & 0x80 else 0)
+    delay: int | None = None
+    end = len(data)
+    while pos < end:
+        block = data[pos]
+        if block == 0x3B:  # trailer
+            break
+        if block == 0x21 and pos + 2 < end:  # extension
+            label, pos = data[pos + 1], pos + 2
+            if label == 0xF9 and data[pos] >= 4 and pos + 5 <= end:
+                delay = 10 * struct.unpack_from("<H", data, pos + 2)[0]
+            elif (label == 0xFF and data[pos] == 11 and data[pos + 1:pos + 12] == b"NETSCAPE2.0"
+                  and pos + 16 <= end and data[pos + 12] >= 3 and data[pos + 13] == 1):
+                layout.loop = struct.unpack_from("<H", data, pos + 14)[0]
+            pos = _skip_sub_blocks(data, pos)
+        elif block == 0x2C and pos + 10 <= end:  # image
+            left, top, width, height, flags = struct.unpack_from("<HHHHB", data, pos + 1)
+            layout.width = max(layout.width, left + width)
+            layout.height = max(layout.height, top + height)
+            layout.frames += 1
+            layout.milliseconds += normal_duration(delay)
+            delay = None
+            pos += 10 + (3 * (2 << (flags & 7)) if flags & 0x80 else 0) + 1  # + LZW size
+            pos = _skip_sub_blocks(data, pos)
+        else:
+            break  # garbage or a cut: Pillow stops reading here too
+    return layout
+
+
+def _skip_sub_blocks(data: bytes, pos: int) -> int:
+    end = len(data)
+    while pos < end:
+        size = data[pos]
+        pos += 1 + size
+        if size == 0:
+            break
+    return pos
+
+
+def _png_layout(data: bytes) -> _Layout:
+    """An APNG's frames (acTL's count, or the fcTL chunks if more), durations and plays."""
+    layout = _Layout()
+    pos, end = 8, len(data)
+    declared = None
+    controls = 0
+    default_image = False
+    while pos + 8 <= end:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        body = pos + 8
+        if kind == b"acTL" and length >= 8 and body + 8 <= end:
+            declared, layout.loop = struct.unpack_from(">II", data, body)
+        elif kind == b"fcTL" and length >= 26 and body + 26 <= end:
+            width, height, left, top, num, den = struct.unpack_from(">IIIIHH", data, body + 4)
+            layout.width = max(layout.width, left + width)
+            layout.height = max(layout.height, top + height)
+            controls += 1
+            layout.milliseconds += normal_duration(1000 * num / (den or 100))
+        elif kind == b"IDAT" and declared is not None and not controls:
+            default_image = True  # a default image that is not part of the animation
+        elif kind == b"IEND":
+            break
+        pos = body + length + 4
+    if declared is None:
+        return _Layout(frames=1)
+    # Pillow decodes acTL's count (plus a default image that is not a frame); a count
+    # that understates the chunks is held to the chunks
+    layout.frames = max(declared, controls) + default_image
+    layout.milliseconds += DEFAULT_DURATION_MS * default_image
+    return layout
+
+
+def _webp_layout(data: bytes) -> _Layout:
+    """An animated WebP's frames, durations and loop, from its RIFF chunks."""
+    layout = _Layout()
+    pos, end = 12, min(len(data), 8 + struct.unpack_from("<I", data, 4)[0])
+    animated = False
+    while pos + 8 <= end:
+        kind, length = struct.unpack_from("<4sI", data, pos)
+        body = pos + 8
+        if kind == b"ANIM" and body + 6 <= end:
+            animated = True
+            layout.loop = struct.unpack_from("<H", data, body + 4)[0]
+        elif kind == b"ANMF" and body + 16 <= end:
+            fields = data[body:body + 16]
+            left, top, width, height, duration = (
+                2 * int.from_bytes(fields[0:3], "little"),
+                2 * int.from_bytes(fields[3:6], "little"),
+                1 + int.from_bytes(fields[6:9], "little"),
+                1 + int.from_bytes(fields[9:12], "little"),
+                int.from_bytes(fields[12:15], "little"))
+            layout.width = max(layout.width, left + width)
+            layout.height = max(layout.height, top + height)
+            layout.frames += 1
+            layout.milliseconds += normal_duration(duration)
+        pos = body + length + (length & 1)
+    return layout if animated else _Layout(frames=1)
+
+
+_LAYOUTS = {"GIF": _gif_layout, "PNG": _png_layout, "WEBP": _webp_layout}
+
+
+def _video_demuxer(data: bytes) -> str | None:
+    """FFmpeg's demuxer for a video container, by its signature (None: not a video).
+    Forcing the demuxer keeps FFmpeg from guessing among its hundreds of formats."""
+    if data[4:8] == b"ftyp":
+        return "mov"
+    if data.startswith(b"\x1a\x45\xdf\xa3"):
+        return "matroska"
+    return None
+
+
+def _open_video(data: bytes, demuxer: str) -> Any:
+    import av
+
+    return av.open(io.BytesIO(data), format=demuxer,
+                   options={"probesize": "1000000", "analyzeduration": "1000000"})
+
+
+def _video_format(data: bytes, demuxer: str) -> str:
+    if demuxer == "mov":
+        return "MOV" if data[8:12] == b"qt  " else "MP4"
+    return "WEBM" if b"webm" in data[:64] else "MKV"
+
+
+def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits) -> MediaInfo:
+    fmt = _video_format(data, demuxer)
+    try:
+        with _open_video(data, demuxer) as container:
+            if not container.streams.video:
+                raise BadImage(f"the {fmt} file has no video stream; {MEDIA_HINT}")
+            stream = container.streams.video[0]
+            codec = stream.codec_context.name
+            if codec not in VIDEO_CODECS:
+                raise UnsupportedImage(f"{fmt} videos in {codec} are not accepted; "
+                                       f"{MEDIA_HINT}")
+            width, height = stream.codec_context.width, stream.codec_context.height
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            fps = float(rate) if rate else None
+            if stream.duration is not None and stream.time_base:
+                duration = float(stream.duration * stream.time_base)
+            elif container.duration is not None:
+                duration = container.duration / 1_000_000
+            else:
+                duration = 0.0
+            frames = int(stream.frames or 0)
+            if not frames and fps and duration:
+                frames = max(1, round(duration * fps))  # Matroska does not store a count
+            has_audio = bool(container.streams.audio)
+    except ConversionError:
+        raise
+    except MemoryError:
+        raise ImageTooLarge("the video needs more memory to read than this server allows; "
+                            "send a smaller one") from None
+    except Exception as exc:  # noqa: BLE001 - FFmpeg's errors for corrupt containers
+        raise _corrupt(fmt, exc) from None
+    if width < 1 or height < 1:
+        raise BadImage(f"the {fmt} video's frames have no size; {MEDIA_HINT}")
+    if fps is None and frames and duration:
+        fps = frames / duration
+    return MediaInfo("video", fmt, width, height, frames, duration, fps, has_audio, None)
+
+
+def _corrupt(fmt: str, exc: BaseException) -> BadImage:
+    return BadImage(f"the {fmt} file is truncated or corrupt and cannot be decoded "
+                    f"({exc.__class__.__name__}); {MEDIA_HINT}")
+
+
+# -- frames ----------------------------------------------------------------------------
+def frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: DecodeLimits, *,
+           size: int, square: bool = False) -> Generator[Frame, None, None]:
+    """The frames of ``data`` (as :func:`probe` found it), decoded one at a time and fitted
+    to ``size``; raises BadImage, or ImageTooLarge when the file holds more than its header
+    said and more than the limits allow."""
+    if info.kind == "still":
+        decoded = decoding.decode_upload(data, decode, size=size, square=square)
+        yield Frame(0, decoded.image, DEFAULT_DURATION_MS, None, 0.0)
+        return
+    counter = _Counter(info, limits)
+    source = _video_frames if info.kind == "video" else _animation_frames
+    try:
+        for frame in source(data, info, counter, size, square):
+            yield frame
+    except ConversionError:
+        raise
+    except MemoryError:
+        raise ImageTooLarge(f"the {_name(info)} needs more memory to decode than this "
+                            "server allows; send a smaller one") from None
+    except Exception as exc:  # noqa: BLE001 - Pillow's and FFmpeg's errors for corrupt data
+        raise _corrupt(info.format, exc) from None
+
+
+class _Counter:
+    """The limits again, frame by frame, against what the file really holds."""
+
+    def __init__(self, info: MediaInfo, limits: MediaLimits) -> None:
+        self.info, self.limits = info, limits
+        self.pixels = 0
+
+    def add(self, index: int, width: int, height: int, pts: float) -> None:
+        limits, name = self.limits, _name(self.info)
+        if index >= limits.max_frames:
+            raise ImageTooLarge(f"the {name} has more than {limits.max_frames:,} frames (more "
+                                "than its header says); send a shorter one")
+        if pts > limits.max_seconds:
+            raise ImageTooLarge(f"the {name} lasts more than {limits.max_seconds:g} s (more "
+                                "than its header says); send a shorter one")
+        if index + 1 > limits.max_fps * (pts + _FPS_GRACE_S):
+            raise ImageTooLarge(f"the {name} has more than {limits.max_fps:g} frames a "
+                                "second; send it at a lower frame rate")
+        if width * height > limits.max_pixels:
+            raise ImageTooLarge(f"a frame of the {name} is {width}x{height}, more than "
+                                f"{limits.max_pixels:,} pixels; send a smaller one")
+        self.pixels += width * height
+        if self.pixels > limits.max_total_pixels:
+            raise ImageTooLarge(f"the {name} has more than {limits.max_total_pixels:,} "
+                                "pixels in all; send a shorter or smaller one")
+
+
+def _fitted(image: Image.Image, size: int, square: bool) -> Image.Image:
+    """An RGB copy of a decoder's frame, fitted (never the decoder's own, reused canvas)."""
+    plain = image.mode == "RGB" and not {"transparency", "icc_profile"} & set(image.info)
+    # to_rgb clears the info of an image it returns as it is: the decoder's, here
+    rgb = image if plain else decoding.to_rgb(image)
+    fitted = decoding.fit(rgb, size, square=square)
+    return fitted.copy() if fitted is image else fitted
+
+
+def _animation_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int,
+                      square: bool) -> Iterator[Frame]:
+    with Image.open(io.BytesIO(data), formats=(info.format,)) as image:
+        pts = 0.0
+        index = 0
+        while True:
+            if index:
+                try:
+                    image.seek(index)
+                except EOFError:
+                    return
+            counter.add(index, image.width, image.height, pts)
+            image.load()
+            duration = normal_duration(image.info.get("duration"))
+            disposal = (getattr(image, "disposal_method", None) if info.format == "GIF"
+                        else image.info.get("disposal"))
+            yield Frame(index, _fitted(image, size, square), duration,
+                        None if disposal is None else int(disposal), pts)
+            pts += duration / 1000
+            index += 1
+
+
+_ROTATIONS = {90: Image.Transpose.ROTATE_90, -90: Image.Transpose.ROTATE_270,
+              270: Image.Transpose.ROTATE_270, 180: Image.Transpose.ROTATE_180,
+              -180: Image.Transpose.ROTATE_180}
+
+
+def _video_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int,
+                  square: bool) -> Iterator[Frame]:
+    demuxer = _video_demuxer(data)
+    if demuxer is None:
+        raise BadImage(f"the file is not a video; {MEDIA_HINT}")
+    fps = info.fps or 25.0
+    with _open_video(data, demuxer) as container:
+        stream = container.streams.video[0]
+        stream.thread_count = 1  # one frame in flight: the memory bound holds
+        start: float | None = None
+        for index, frame in enumerate(container.decode(stream)):
+            time = frame.time
+            if time is None:
+                time = index / fps
+            if start is None:
+                start = time
+            pts = max(0.0, time - start)
+            counter.add(index, frame.width, frame.height, pts)
+            seconds = (float(frame.duration * frame.time_base)
+                       if frame.duration and frame.time_base else 1 / fps)
+            image = frame.to_image()
+            turn = _ROTATIONS.get(round(getattr(frame, "rotation", 0) or 0))
+            if turn is not None:
+                image = image.transpose(turn)
+            yield Frame(index, decoding.fit(image, size, square=square),
+                        normal_duration(1000 * seconds), None, pts)

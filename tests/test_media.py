@@ -1,0 +1,343 @@
+"""What an upload is and its frames (flask_animegan.inputs.media), in this process and in
+the isolated helper (inputs.frames_helper): every format round trip, the limits refused
+with 413 before or while decoding, and generated corrupt inputs for every format."""
+
+from __future__ import annotations
+
+import faulthandler
+import struct
+from collections import Counter
+
+import pytest
+from PIL import Image
+
+import media as clips
+from flask_animegan.errors import BadImage, ImageTooLarge, UnsupportedImage
+from flask_animegan.inputs import frames_helper, media
+from flask_animegan.inputs.decoding import DecodeLimits
+from flask_animegan.inputs.media import MediaInfo, MediaLimits
+from upload_variants import bit_flips, prefixes
+
+LIMITS, DECODE = MediaLimits(), DecodeLimits()
+EXPECTED = (BadImage, UnsupportedImage, ImageTooLarge)
+DURATIONS = [40, 50, 60, 70, 80, 90, 100, 110, 120, 130]
+
+
+def probe_and_frames(data: bytes, isolated: bool, limits: MediaLimits = LIMITS,
+                     size: int = 64, square: bool = False) -> tuple[MediaInfo, list[media.Frame]]:
+    if isolated:
+        info = frames_helper.isolated_probe(data, limits, DECODE, timeout=20)
+        return info, list(frames_helper.isolated_frames(
+            data, info, limits, DECODE, size=size, square=square, timeout_per_frame=20,
+            timeout_total=60))
+    info = media.probe(data, limits, DECODE)
+    return info, list(media.frames(data, info, limits, DECODE, size=size, square=square))
+
+
+# -- every format round trip ----------------------------------------------------------------
+ANIMATIONS = {
+    "gif": lambda: clips.gif_from_photos(durations=DURATIONS, loop=3, disposal=2),
+    "gif-once": lambda: clips.gif_from_photos(durations=DURATIONS, loop=None, disposal=1,
+                                              transparency=True),
+    "webp": lambda: clips.webp_animation(durations=DURATIONS, loop=2),
+    "apng": lambda: clips.apng(durations=DURATIONS, loop=0, disposal=1),
+}
+FORMAT = {"gif": "GIF", "gif-once": "GIF", "webp": "WEBP", "apng": "PNG"}
+LOOP = {"gif": 3, "gif-once": None, "webp": 2, "apng": 0}
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+@pytest.mark.parametrize("name", sorted(ANIMATIONS))
+def test_animation_round_trip(name, isolated):
+    data = ANIMATIONS[name]()
+    info, frames = probe_and_frames(data, isolated)
+    assert (info.kind, info.format, info.width, info.height) == (
+        "animation", FORMAT[name], 96, 64)
+    assert info.frames == len(frames) == Image.open(__import__("io").BytesIO(data)).n_frames
+    assert info.loop == LOOP[name]
+    assert info.duration_s == pytest.approx(sum(DURATIONS) / 1000)
+    assert not info.has_audio
+    assert [f.duration_ms for f in frames] == DURATIONS
+    assert [f.index for f in frames] == list(range(10))
+    assert [f.pts for f in frames] == pytest.approx(
+        [sum(DURATIONS[:i]) / 1000 for i in range(10)])
+    assert all(f.image.mode == "RGB" and f.image.size == (64, 43) for f in frames)
+    if name.startswith("gif"):
+        assert {f.disposal for f in frames} == {2 if name == "gif" else 1}
+    elif name == "apng":
+        assert {f.disposal for f in frames} == {1}
+    # the camera moves: no two consecutive frames are the same picture
+    assert all(a.image.tobytes() != b.image.tobytes() for a, b in zip(frames, frames[1:]))
+
+
+def test_transparent_gif_frames_are_over_white():
+    _, frames = probe_and_frames(clips.gif_from_photos(transparency=True), False, size=96)
+    corner = frames[3].image.getpixel((1, 1))
+    assert corner == (255, 255, 255)
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+@pytest.mark.parametrize("audio", [True, False], ids=["audio", "silent"])
+@pytest.mark.parametrize("container", ["mp4", "mov", "webm"])
+def test_video_round_trip(container, audio, isolated):
+    data = clips.video_clip(seconds=1.2, fps=10, container=container, audio=audio)
+    info, frames = probe_and_frames(data, isolated)
+    assert (info.kind, info.format, info.width, info.height) == (
+        "video", container.upper(), 96, 64)
+    assert info.has_audio is audio
+    assert info.frames == len(frames) == 12
+    assert info.fps == pytest.approx(10)
+    assert info.duration_s == pytest.approx(1.2, abs=0.11)
+    assert info.loop is None
+    assert [f.duration_ms for f in frames] == [100] * 12
+    assert [f.pts for f in frames] == pytest.approx([i / 10 for i in range(12)])
+    assert all(f.image.mode == "RGB" and f.image.size == (64, 43) for f in frames)
+
+
+def test_square_styles_get_the_centre_square():
+    _, frames = probe_and_frames(clips.video_clip(audio=False), False, size=48, square=True)
+    assert {f.image.size for f in frames} == {(48, 48)}
+
+
+def test_static_shot_frames_are_the_same_photo_by_the_cache_rule():
+    """The frame-skipping measurement's clip: its static shot decodes to frames the
+    cache's rule calls the same photo, the pan after it to frames it does not."""
+    from flask_animegan.cache.fingerprint import Fingerprint
+
+    # at x264's default quality (crf 23) the encoder refines a static picture frame by
+    # frame by more than the rule allows (measured: up to 1.9 times); at 6, 0.5 times
+    _, frames = probe_and_frames(clips.video_clip(seconds=2, fps=10, size=(128, 96),
+                                                  static_seconds=1, crf=6), False, size=128)
+    prints = [Fingerprint.of(frame.image, 16) for frame in frames]
+    same = [a.same_photo(b, 6) for a, b in zip(prints, prints[1:])]
+    assert same[:9] == [True] * 9
+    assert same[10:] == [False] * 9
+
+
+def test_a_still_is_a_still():
+    still = clips.gif_from_photos(n=1)
+    info = media.probe(still, LIMITS, DECODE)
+    assert (info.kind, info.frames) == ("still", 1)
+    frames = list(media.frames(still, info, LIMITS, DECODE, size=64))
+    assert len(frames) == 1 and frames[0].image.size == (64, 43)
+
+
+def test_durations_of_10_ms_or_less_are_100_ms():
+    """As browsers show GIFs: 0 and 10 ms become 100 ms, 20 ms stays (every format)."""
+    given = [0, 10, 20, 0, 30]
+    for data in (clips.gif_from_photos(n=5, durations=given),
+                 clips.webp_animation(n=5, durations=given),
+                 clips.apng(n=5, durations=given)):
+        info, frames = probe_and_frames(data, False)
+        assert [f.duration_ms for f in frames] == [100, 100, 20, 100, 30]
+        assert info.duration_s == pytest.approx(0.35)
+
+
+def test_an_unsupported_video_codec_is_415():
+    with pytest.raises(UnsupportedImage, match="png"):
+        media.probe(clips.video_clip(container="mov", codec="png", audio=False), LIMITS,
+                    DECODE)
+
+
+# -- limits: 413 before decoding (from the header), or while decoding -------------------
+def _gif_screen(width: int, height: int, frames: int = 2) -> bytes:
+    """A GIF with a huge logical screen holding ``frames`` 1x1 frames."""
+    screen = struct.pack("<HHBBB", width, height, 0, 0, 0)
+    frame = (b"\x21\xf9\x04\x00\x0a\x00\x00\x00" + b"\x2c" + struct.pack("<HHHHB", 0, 0, 1, 1, 0)
+             + b"\x02\x02\x44\x01\x00")
+    return b"GIF89a" + screen + frame * frames + b"\x3b"
+
+
+def _webp_canvas(data: bytes, width: int, height: int) -> bytes:
+    """An animated WebP with its VP8X canvas set to ``width`` x ``height``."""
+    at = data.index(b"VP8X") + 8 + 4
+    return (data[:at] + (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+            + data[at + 6:])
+
+
+def _webm_duration(data: bytes, seconds: float) -> bytes:
+    """A WebM whose header says it lasts ``seconds`` (Matroska stores no frame count)."""
+    at = data.index(b"\x44\x89")
+    assert data[at + 2] == 0x88  # an 8-byte float, in TimecodeScale units (ms)
+    return data[:at + 3] + struct.pack(">d", seconds * 1000) + data[at + 11:]
+
+
+def _apng_declared(data: bytes, count: int) -> bytes:
+    at = data.index(b"acTL") + 4
+    import zlib
+    body = struct.pack(">II", count, 0)
+    return data[:at] + body + struct.pack(">I", zlib.crc32(b"acTL" + body)) + data[at + 12:]
+
+
+BEFORE = {
+    # name: (file, limits, what the message says)
+    "frames-gif": (lambda: clips.gif_from_photos(n=12), MediaLimits(max_frames=10), "frames"),
+    "frames-webp": (lambda: clips.webp_animation(n=12), MediaLimits(max_frames=10), "frames"),
+    "frames-apng": (lambda: clips.apng(n=12), MediaLimits(max_frames=10), "frames"),
+    "frames-mp4": (lambda: clips.video_clip(1.2), MediaLimits(max_frames=10), "frames"),
+    "frames-apng-header": (lambda: _apng_declared(clips.apng(n=3), 10**6), LIMITS, "frames"),
+    "seconds-gif": (lambda: clips.gif_from_photos(n=4, durations=10_000), LIMITS, "lasts"),
+    "seconds-mov": (lambda: clips.video_clip(2, container="mov"), MediaLimits(max_seconds=1.5),
+                    "lasts"),
+    "seconds-webm": (lambda: _webm_duration(clips.video_clip(1, container="webm"), 3600),
+                     MediaLimits(max_frames=10**6, max_total_pixels=10**12), "lasts"),
+    "fps-1000-mp4": (lambda: clips.video_clip(0.05, fps=1000, audio=False), LIMITS,
+                     "frames a second"),
+    "fps-apng-11ms": (lambda: clips.apng(n=12, durations=11), LIMITS, "frames a second"),
+    "pixels-gif-screen": (lambda: _gif_screen(3000, 3000), LIMITS, "pixels|screen"),
+    "pixels-webp-canvas": (lambda: _webp_canvas(clips.webp_animation(n=3), 3000, 2000), LIMITS,
+                           "pixels"),
+    "pixels-mp4": (lambda: clips.video_clip(0.2, fps=10, size=(2800, 1600), audio=False), LIMITS,
+                   "pixels"),
+    "total-pixels-webm": (lambda: clips.video_clip(1, container="webm"),
+                          MediaLimits(max_total_pixels=50_000), "in all"),
+}
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+@pytest.mark.parametrize("name", sorted(BEFORE))
+def test_over_a_limit_is_413_before_decoding(name, isolated):
+    make, limits, message = BEFORE[name]
+    data = make()
+    with pytest.raises(ImageTooLarge, match=message):
+        if isolated:
+            frames_helper.isolated_probe(data, limits, DECODE, timeout=20)
+        else:
+            media.probe(data, limits, DECODE)
+
+
+def test_zero_durations_are_not_a_frame_rate():
+    """A GIF of 0 ms frames plays at 10 fps (100 ms each): accepted, not 'infinite fps'."""
+    info, frames = probe_and_frames(clips.gif_from_photos(n=30, durations=0), False)
+    assert info.fps == pytest.approx(10) and len(frames) == 30
+    assert {f.duration_ms for f in frames} == {100}
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+def test_a_header_that_lies_stops_at_the_limit_while_decoding(isolated):
+    """A WebM whose header says 0.1 s (one frame) holds 20 frames: the probe passes, the
+    decode stops with 413 at the limit, after max_frames frames."""
+    data = _webm_duration(clips.video_clip(2, fps=10, container="webm", audio=False), 0.1)
+    limits = MediaLimits(max_frames=8)
+    seen = []
+    with pytest.raises(ImageTooLarge, match="more than 8 frames"):
+        if isolated:
+            info = frames_helper.isolated_probe(data, limits, DECODE, timeout=20)
+            assert info.frames == 1
+            for frame in frames_helper.isolated_frames(data, info, limits, DECODE, size=64,
+                                                       timeout_per_frame=20):
+                seen.append(frame.index)
+        else:
+            info = media.probe(data, limits, DECODE)
+            assert info.frames == 1
+            for frame in media.frames(data, info, limits, DECODE, size=64):
+                seen.append(frame.index)
+    assert seen == list(range(8))
+
+
+def test_a_header_that_lies_about_time_stops_while_decoding():
+    data = _webm_duration(clips.video_clip(3, fps=10, container="webm", audio=False), 0.1)
+    limits = MediaLimits(max_seconds=1.0)
+    info = media.probe(data, limits, DECODE)
+    with pytest.raises(ImageTooLarge, match="more than 1 s"):
+        list(media.frames(data, info, limits, DECODE, size=64))
+
+
+# -- the isolated helper's own limits ----------------------------------------------------
+def test_a_slow_frame_kills_the_helper_with_413():
+    data = clips.video_clip(1, audio=False)
+    info = media.probe(data, LIMITS, DECODE)
+    killed = frames_helper.POOL.killed
+    with pytest.raises(ImageTooLarge, match="for one frame"):
+        list(frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
+                                           timeout_per_frame=0.0))
+    assert frames_helper.POOL.killed == killed + 1
+
+
+def test_the_total_time_limit_counts_only_the_wait_for_frames():
+    data = clips.video_clip(1, audio=False)
+    info = media.probe(data, LIMITS, DECODE)
+    with pytest.raises(ImageTooLarge, match="in all"):
+        list(frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
+                                           timeout_per_frame=20, timeout_total=0.0))
+    # a consumer that takes its time is not the decode's time
+    frames = []
+    for frame in frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
+                                               timeout_per_frame=20, timeout_total=10):
+        frames.append(frame)
+        __import__("time").sleep(0.05)
+    assert len(frames) == 10
+
+
+def test_a_decode_over_the_memory_limit_is_413_not_a_crash():
+    """The address-space limit: 4 MiB above what the helper holds is not enough for a
+    2800x1600 frame, so FFmpeg's or Pillow's allocation fails inside the helper."""
+    data = clips.video_clip(0.2, fps=10, size=(1600, 1200), audio=False)
+    info = media.probe(data, LIMITS, DECODE)
+    with pytest.raises(ImageTooLarge, match="memory"):
+        list(frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
+                                           timeout_per_frame=20, memory=4 << 20))
+    # and the next request gets a working helper
+    assert len(probe_and_frames(clips.video_clip(0.3, audio=False), True)[1]) == 3
+
+
+def test_a_consumer_that_stops_early_leaves_no_helper_behind():
+    data = clips.video_clip(1, audio=False)
+    info = media.probe(data, LIMITS, DECODE)
+    killed = frames_helper.POOL.killed
+    stream = frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
+                                           timeout_per_frame=20)
+    next(stream)
+    stream.close()
+    assert frames_helper.POOL.killed == killed + 1
+
+
+# -- generated corrupt inputs: only the three errors, never another, never a hang --------
+SMALL = {
+    "gif": lambda: clips.gif_from_photos(n=4, size=(32, 24)),
+    "webp": lambda: clips.webp_animation(n=4, size=(32, 24)),
+    "apng": lambda: clips.apng(n=4, size=(32, 24)),
+    "mp4": lambda: clips.video_clip(0.4, fps=10, size=(32, 24)),
+}
+FLIPS = 150
+
+
+def corrupt_variants(name: str) -> list[tuple[str, bytes]]:
+    data = SMALL[name]()
+    return ([(f"prefix {n}", body) for n, body in prefixes(data, seed=27)]
+            + [(f"flip {flips}", body) for flips, body in bit_flips(data, seed=27,
+                                                                    count=FLIPS)])
+
+
+def _outcome(data: bytes, isolated: bool) -> str:
+    try:
+        info, frames = probe_and_frames(data, isolated)
+    except EXPECTED as exc:
+        return exc.__class__.__name__
+    return info.kind
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_corrupt_inputs_end_in_a_clear_error(name):
+    """Every prefix (all up to 128 bytes, a seeded sample beyond) and seeded bit flips,
+    decoded in this process: a frame list or BadImage/UnsupportedImage/ImageTooLarge.
+    Any other exception fails the test; a hang is cut short by faulthandler."""
+    faulthandler.dump_traceback_later(240, exit=True)
+    try:
+        census = Counter(_outcome(body, False) for _, body in corrupt_variants(name))
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    assert set(census) <= {"BadImage", "UnsupportedImage", "ImageTooLarge", "animation",
+                           "video", "still"}, census
+    assert census["BadImage"] > 0
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_corrupt_inputs_in_the_helper_never_time_out_nor_kill_it(name):
+    """The same classes through the isolated helper: the same answers, and not one helper
+    killed (a kill is a timeout or a death), so no file hangs or crashes the decoder."""
+    killed = frames_helper.POOL.killed
+    variants = corrupt_variants(name)
+    isolated = [_outcome(body, True) for _, body in variants]
+    assert frames_helper.POOL.killed == killed
+    assert isolated == [_outcome(body, False) for _, body in variants]
