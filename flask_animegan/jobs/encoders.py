@@ -1,0 +1,500 @@
+"""Converted frames out as the upload's kind: GIF, animated WebP, APNG, or MP4/H.264 with the
+source's audio; and the preview still.
+
+Every writer streams: :meth:`FrameWriter.add` encodes the frame it is given and appends it to
+a temporary file, so a writer holds one frame (its RGB image and its encoding) at a time, never
+the clip. :meth:`FrameWriter.finish` returns the whole result as bytes, so the peak is the
+result's size plus one frame, whatever the number of frames:
+
+- GIF: one palettised copy of the frame (1 byte a pixel) and its LZW data; the result is at most
+  about frames x (width x height + 800) bytes.
+- WebP, APNG: the frame's still WebP or PNG encoding.
+- MP4: libx264's lookahead, a fixed number of frames in YUV 4:2:0 (1.5 bytes a pixel), and one
+  audio packet or frame.
+
+The animation writers write the containers themselves (Pillow encodes each frame) because
+Pillow's ``save_all`` keeps every frame until the end and merges a frame identical to the one
+before into it, which would change the frame count of a clip with a still shot (and of every
+clip whose repeated frames the job reuses).
+
+A frame's ``disposal`` is in the source format's own numbering (GIF's 0-3, APNG's ``dispose_op``
+0-2, WebP's 0 keep / 1 background); ``None`` is the format's "leave it". Every converted frame
+covers the whole canvas, opaque, so disposal never changes what is shown: it is kept because
+the output should be the same kind of file as the input.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import struct
+import tempfile
+import zlib
+from collections.abc import Iterator
+from fractions import Fraction
+from typing import IO, TYPE_CHECKING, Protocol
+
+import av
+import av.error
+import numpy as np
+from PIL import GifImagePlugin, Image
+
+from ..errors import BadImage
+from ..inputs import formats
+
+if TYPE_CHECKING:
+    from av.audio.stream import AudioStream
+    from av.container import InputContainer, OutputContainer
+    from av.packet import Packet
+    from av.video.stream import VideoStream
+
+    from ..inputs.media import MediaInfo
+
+__all__ = [
+    "MP4_AUDIO_COPIED",
+    "ApngWriter",
+    "FrameWriter",
+    "GifWriter",
+    "Mp4Writer",
+    "WebPWriter",
+    "crf_for",
+    "preview",
+    "writer_for",
+]
+
+log = logging.getLogger(__name__)
+
+#: Audio codecs copied into the MP4 packet for packet; any other codec (Opus and Vorbis from
+#: WebM, PCM from MOV) is transcoded to AAC, which every browser plays in MP4.
+MP4_AUDIO_COPIED = frozenset({"aac", "mp3", "alac", "ac3", "eac3"})
+#: How far the copied audio may run past the last video frame, in seconds: a source whose audio
+#: goes on longer is cut there, so a small upload cannot make a long result.
+AUDIO_OVERRUN_S = 1.0
+#: The MP4's video time base: 90 kHz is a whole number of ticks for every usual frame rate
+#: (24, 25, 30000/1001, 50, 60) and for every millisecond.
+VIDEO_TIME_BASE = Fraction(1, 90_000)
+#: libx264's speed/size trade-off; its lookahead (20 frames) bounds the encoder's memory.
+X264_PRESET = "faster"
+
+
+class FrameWriter(Protocol):
+    """Takes the converted frames in order; ``finish`` returns the encoded result. ``close``
+    drops a result that will not be finished (a failed or cancelled job); ``finish`` closes
+    too, and a second ``close`` does nothing."""
+
+    def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,
+            pts: float | None = None) -> None: ...
+
+    def finish(self) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def writer_for(info: MediaInfo, source: bytes, *, quality: int) -> tuple[FrameWriter, str]:
+    """The writer for an upload probed as ``info`` and the result's MIME type.
+
+    ``source`` is the upload itself: an MP4's writer copies its audio stream from it.
+    ``quality`` (1-100, as for stills) sets the WebP quality and the MP4's constant rate factor.
+    """
+    if info.kind == "video":
+        return Mp4Writer(source, quality=quality), "video/mp4"
+    if info.kind != "animation":
+        raise ValueError(f"no frame writer for a {info.kind}: stills take the photo path")
+    if info.format == "GIF":
+        return GifWriter(loop=info.loop), "image/gif"
+    if info.format == "WEBP":
+        return WebPWriter(loop=info.loop, quality=quality), "image/webp"
+    if info.format == "PNG":
+        return ApngWriter(loop=info.loop), "image/apng"
+    raise ValueError(f"no frame writer for {info.format} animations")
+
+
+def preview(image: Image.Image, quality: int) -> bytes:
+    """The job's preview still: a converted frame as JPEG."""
+    return formats.encode(image.convert("RGB"), "jpeg", quality)
+
+
+class _StreamedFile:
+    """A writer's output: a temporary file (gone when closed or collected), read once at the end."""
+
+    def __init__(self) -> None:
+        self.file: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the writer
+        self.frames = 0
+        self.size: tuple[int, int] | None = None
+
+    def check(self, image: Image.Image) -> None:
+        if self.size is None:
+            self.size = image.size
+        elif image.size != self.size:
+            raise ValueError(f"frame {self.frames} is {image.size}, the first was {self.size}")
+
+    def read_all(self) -> bytes:
+        try:
+            if not self.frames:
+                raise ValueError("no frames were added")
+            self.file.seek(0)
+            return self.file.read()
+        finally:
+            self.file.close()
+
+
+# --------------------------------------------------------------------------------------------
+# GIF
+
+
+class GifWriter:
+    """GIF89a: a local palette per frame (Pillow's fast octree, no dithering, so no dither
+    pattern crawls from frame to frame), each frame's own delay and disposal, the source's loop.
+
+    ``loop`` is the NETSCAPE2.0 repeat count as the source had it (0 forever); ``None`` writes no
+    loop extension, so the GIF plays once, as the source did."""
+
+    def __init__(self, *, loop: int | None) -> None:
+        self._out = _StreamedFile()
+        self._loop = loop
+
+    def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,
+            pts: float | None = None) -> None:
+        self._out.check(image)
+        if not self._out.frames:
+            self._out.file.write(self._header(*image.size))
+        frame = image.convert("RGB").quantize(256, method=Image.Quantize.FASTOCTREE,
+                                               dither=Image.Dither.NONE)
+        centiseconds = min(max(round(duration_ms / 10), 0), 0xFFFF)
+        for part in GifImagePlugin.getdata(frame, duration=centiseconds * 10,
+                                           disposal=min(max(disposal or 0, 0), 3),
+                                           include_color_table=True):
+            self._out.file.write(part)
+        self._out.frames += 1
+
+    def _header(self, width: int, height: int) -> bytes:
+        # logical screen: no global colour table (every frame brings its own), background 0
+        header = b"GIF89a" + struct.pack("<HHBBB", width, height, 0, 0, 0)
+        if self._loop is not None:
+            header += (b"!\xff\x0bNETSCAPE2.0\x03\x01"
+                       + struct.pack("<H", min(max(self._loop, 0), 0xFFFF)) + b"\x00")
+        return header
+
+    def finish(self) -> bytes:
+        if self._out.frames:
+            self._out.file.write(b";")
+        return self._out.read_all()
+
+    def close(self) -> None:
+        self._out.file.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Animated WebP
+
+
+def _riff_chunks(data: bytes, start: int) -> Iterator[tuple[bytes, bytes]]:
+    """(fourcc, payload) of the chunks from ``start`` (RIFF: little-endian sizes, even padding)."""
+    at = start
+    while at + 8 <= len(data):
+        fourcc, size = data[at:at + 4], struct.unpack("<I", data[at + 4:at + 8])[0]
+        yield fourcc, data[at + 8:at + 8 + size]
+        at += 8 + size + (size & 1)
+
+
+def _riff_chunk(fourcc: bytes, payload: bytes) -> bytes:
+    return fourcc + struct.pack("<I", len(payload)) + payload + b"\0" * (len(payload) & 1)
+
+
+def _u24(value: int) -> bytes:
+    return struct.pack("<I", value)[:3]
+
+
+class WebPWriter:
+    """Animated WebP: each frame a lossy WebP still (Pillow, ``quality``) in its own ANMF chunk
+    with its duration in milliseconds, no blending, the source's loop count (0 forever)."""
+
+    def __init__(self, *, loop: int | None, quality: int) -> None:
+        self._out = _StreamedFile()
+        self._loop = 0 if loop is None else min(max(loop, 0), 0xFFFF)
+        self._quality = quality
+
+    def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,
+            pts: float | None = None) -> None:
+        self._out.check(image)
+        width, height = image.size
+        if not self._out.frames:
+            # RIFF size patched by finish(); VP8X: animation flag, canvas size; ANIM: loop
+            self._out.file.write(b"RIFF\0\0\0\0WEBP"
+                                 + _riff_chunk(b"VP8X", b"\x02\0\0\0" + _u24(width - 1)
+                                               + _u24(height - 1))
+                                 + _riff_chunk(b"ANIM", b"\xff\xff\xff\xff"
+                                               + struct.pack("<H", self._loop)))
+        buffer = io.BytesIO()
+        image.convert("RGB").save(buffer, "WEBP", quality=self._quality, method=4)
+        still = buffer.getvalue()
+        bitstream = b"".join(_riff_chunk(fourcc, payload)
+                             for fourcc, payload in _riff_chunks(still, 12)
+                             if fourcc in (b"ALPH", b"VP8 ", b"VP8L"))
+        flags = 0b10 | (1 if disposal == 1 else 0)  # do not blend; dispose to background
+        self._out.file.write(_riff_chunk(
+            b"ANMF", _u24(0) + _u24(0) + _u24(width - 1) + _u24(height - 1)
+            + _u24(min(max(duration_ms, 0), 0xFFFFFF)) + bytes([flags]) + bitstream))
+        self._out.frames += 1
+
+    def finish(self) -> bytes:
+        size = self._out.file.tell()
+        if self._out.frames:
+            self._out.file.seek(4)
+            self._out.file.write(struct.pack("<I", size - 8))
+        return self._out.read_all()
+
+    def close(self) -> None:
+        self._out.file.close()
+
+
+# --------------------------------------------------------------------------------------------
+# APNG
+
+
+def _png_chunk(kind: bytes, payload: bytes) -> bytes:
+    return (struct.pack(">I", len(payload)) + kind + payload
+            + struct.pack(">I", zlib.crc32(kind + payload)))
+
+
+class ApngWriter:
+    """APNG: each frame Pillow's PNG encoding of it (the first as IDAT, so viewers without APNG
+    show it, the rest as fdAT), with its delay in milliseconds, ``blend_op`` SOURCE, its
+    ``dispose_op`` and the source's ``num_plays`` (0 forever)."""
+
+    def __init__(self, *, loop: int | None) -> None:
+        self._out = _StreamedFile()
+        self._loop = 0 if loop is None else max(loop, 0)
+        self._sequence = 0
+        self._actl_at = 0
+
+    def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,
+            pts: float | None = None) -> None:
+        self._out.check(image)
+        buffer = io.BytesIO()
+        image.convert("RGB").save(buffer, "PNG", compress_level=3)
+        still = buffer.getvalue()
+        chunks: list[tuple[bytes, bytes]] = []
+        at = 8
+        while at + 8 <= len(still):
+            length, kind = struct.unpack(">I4s", still[at:at + 8])
+            chunks.append((kind, still[at + 8:at + 8 + length]))
+            at += 12 + length
+        file = self._out.file
+        if not self._out.frames:
+            file.write(still[:8] + b"".join(_png_chunk(k, p) for k, p in chunks if k == b"IHDR"))
+            self._actl_at = file.tell()
+            file.write(_png_chunk(b"acTL", struct.pack(">II", 0, self._loop)))
+        width, height = image.size
+        delay_num, delay_den = max(duration_ms, 0), 1000
+        if delay_num > 0xFFFF:
+            delay_num, delay_den = min(round(duration_ms / 10), 0xFFFF), 100
+        dispose = disposal if disposal in (0, 1, 2) else 0
+        file.write(_png_chunk(b"fcTL", struct.pack(">IIIIIHHBB", self._next(), width, height,
+                                                   0, 0, delay_num, delay_den, dispose, 0)))
+        for kind, payload in chunks:
+            if kind != b"IDAT":
+                continue
+            if self._out.frames:
+                file.write(_png_chunk(b"fdAT", struct.pack(">I", self._next()) + payload))
+            else:
+                file.write(_png_chunk(b"IDAT", payload))
+        self._out.frames += 1
+
+    def _next(self) -> int:
+        self._sequence += 1
+        return self._sequence - 1
+
+    def finish(self) -> bytes:
+        file = self._out.file
+        if self._out.frames:
+            file.write(_png_chunk(b"IEND", b""))
+            file.seek(self._actl_at)
+            file.write(_png_chunk(b"acTL", struct.pack(">II", self._out.frames, self._loop)))
+        return self._out.read_all()
+
+    def close(self) -> None:
+        self._out.file.close()
+
+
+# --------------------------------------------------------------------------------------------
+# MP4 / H.264
+
+
+def crf_for(quality: int) -> int:
+    """libx264's constant rate factor for a still-style ``quality``: 90 -> 18, 75 -> 24, 50 -> 34."""
+    return min(max(round(54 - 0.4 * quality), 14), 40)
+
+
+def _even(image: Image.Image) -> Image.Image:
+    """YUV 4:2:0 needs even sides: an odd side gets its last row or column once more."""
+    width, height = image.size
+    if not (width % 2 or height % 2):
+        return image
+    padded = Image.new("RGB", (width + width % 2, height + height % 2))
+    padded.paste(image, (0, 0))
+    if width % 2:
+        padded.paste(image.crop((width - 1, 0, width, height)), (width, 0))
+    if height % 2:
+        padded.paste(padded.crop((0, height - 1, width + width % 2, height)), (0, height))
+    return padded
+
+
+class Mp4Writer:
+    """MP4 with H.264 (libx264, yuv420p, even sides), each frame at the source's presentation
+    time (``pts``, seconds) or, without one, after the previous frame's duration; the source's
+    first audio stream copied packet for packet (:data:`MP4_AUDIO_COPIED`), or transcoded to
+    AAC when its codec has no place in an MP4 browsers play (:attr:`audio` says which, and it is
+    logged). Audio and video are interleaved as they are written.
+
+    One thread for libx264: the job's worker already gives its cores to the inference."""
+
+    def __init__(self, source: bytes, *, quality: int) -> None:
+        self._crf = crf_for(quality)
+        try:
+            self._source: InputContainer = av.open(io.BytesIO(source), "r")
+        except av.error.FFmpegError as exc:  # probe read it: only a changed upload gets here
+            raise BadImage(f"the video could not be opened again for its audio ({exc})") from None
+        # a named file: faststart (the index before the data, so browsers play it as it
+        # downloads) reopens the output by its name
+        self._file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by close()
+            prefix="animegan-", suffix=".mp4")
+        videos = self._source.streams.video
+        rate = videos[0].average_rate if videos else None
+        self._rate = Fraction(rate) if rate else Fraction(25)
+        audios = self._source.streams.audio
+        self._in_audio: AudioStream | None = audios[0] if audios else None
+        # the frames' times count from the first video frame: the audio moves with them
+        start = videos[0].start_time if videos else None
+        self._audio_shift = (round(start * videos[0].time_base / self._in_audio.time_base)
+                             if start and self._in_audio is not None
+                             and videos[0].time_base and self._in_audio.time_base else 0)
+        self._packets: Iterator[Packet[AudioStream]] | None = None
+        #: "none", "copied" or "transcoded": what became of the source's audio
+        self.audio = "none"
+        #: the source audio codec's name ("" without audio)
+        self.audio_codec = self._in_audio.codec_context.name if self._in_audio else ""
+        self._out: OutputContainer | None = None
+        self._video: VideoStream | None = None
+        self._out_audio: AudioStream | None = None
+        self._last_pts = self._next_pts = 0
+        # libx264 gives its packets the duration of one frame at the stream's rate: each
+        # packet gets its own frame's, so the last frame lasts as long as it did
+        self._durations: dict[int, int] = {}
+        self._end = 0.0  # the end of the last frame written, in seconds
+        self._frames = 0
+
+    def _open(self, width: int, height: int) -> None:
+        out = av.open(self._file.name, "w", format="mp4", options={"movflags": "+faststart"})
+        video = out.add_stream("libx264", rate=self._rate)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.codec_context.time_base = VIDEO_TIME_BASE
+        video.codec_context.thread_count = 1
+        video.options = {"crf": str(self._crf), "preset": X264_PRESET}
+        self._out, self._video = out, video
+        if self._in_audio is not None:
+            if self.audio_codec in MP4_AUDIO_COPIED:
+                self._out_audio = out.add_stream_from_template(self._in_audio)
+                self.audio = "copied"
+            else:
+                self._out_audio = out.add_stream("aac", rate=self._in_audio.rate or 48_000,
+                                                 layout=self._in_audio.layout.name)
+                self._out_audio.bit_rate = 128_000
+                self.audio = "transcoded"
+                log.info("the source's %s audio cannot go in an MP4 as it is: transcoded to AAC",
+                         self.audio_codec)
+            self._packets = self._source.demux(self._in_audio)
+
+    def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,
+            pts: float | None = None) -> None:
+        image = _even(image.convert("RGB"))
+        if self._out is None:
+            self._open(*image.size)
+        assert self._video is not None
+        if (image.width, image.height) != (self._video.width, self._video.height):
+            raise ValueError(f"frame {self._frames} is {image.size}, the first was "
+                             f"{(self._video.width, self._video.height)}")
+        ticks = self._next_pts if pts is None else round(pts / VIDEO_TIME_BASE)
+        if self._frames:
+            ticks = max(ticks, self._last_pts + 1)  # presentation times only go forward
+        duration = max(round(duration_ms / 1000 / VIDEO_TIME_BASE), 1)
+        frame = av.VideoFrame.from_ndarray(np.asarray(image), format="rgb24")
+        frame.pts, frame.time_base, frame.duration = ticks, VIDEO_TIME_BASE, duration
+        self._last_pts, self._next_pts = ticks, ticks + duration
+        self._durations[ticks] = duration
+        self._end = float(self._next_pts * VIDEO_TIME_BASE)
+        self._frames += 1
+        self._mux_video(self._video.encode(frame))
+
+    def _mux_video(self, packets: list[Packet[VideoStream]]) -> None:
+        assert self._out is not None
+        for packet in packets:
+            if packet.pts is not None and packet.pts in self._durations:
+                packet.duration = self._durations.pop(packet.pts)
+            self._out.mux(packet)
+            if packet.dts is not None and packet.time_base is not None:
+                self._pump_audio(float(packet.dts * packet.time_base))
+
+    def _pump_audio(self, until: float, limit: float | None = None) -> None:
+        """Write the source's audio up to ``until`` seconds (interleaving it with the video);
+        with a ``limit``, the rest of it up to there, then end the audio stream."""
+        if self._packets is None or self._in_audio is None:
+            return
+        assert self._out is not None and self._out_audio is not None
+        try:
+            for packet in self._packets:
+                if packet.dts is None:  # the demuxer's final empty packet
+                    continue
+                at = (float(packet.pts * packet.time_base)
+                      if packet.pts is not None and packet.time_base is not None else until)
+                at -= float(self._audio_shift * packet.time_base) if packet.time_base else 0.0
+                if limit is not None and at > limit:
+                    break
+                if self._audio_shift:
+                    packet.pts = None if packet.pts is None else packet.pts - self._audio_shift
+                    packet.dts -= self._audio_shift
+                if self.audio == "copied":
+                    packet.stream = self._out_audio
+                    self._out.mux(packet)
+                else:
+                    for decoded in self._in_audio.codec_context.decode(packet):
+                        self._out.mux(self._out_audio.encode(decoded))
+                if limit is None and at >= until:
+                    return
+        except av.error.FFmpegError as exc:
+            log.warning("the source's audio stopped at a damaged packet: %s", exc)
+        self._packets = None
+        self._flush_audio()
+
+    def _flush_audio(self) -> None:
+        if self.audio == "transcoded" and self._in_audio is not None:
+            assert self._out is not None and self._out_audio is not None
+            try:
+                for decoded in self._in_audio.codec_context.decode(None):
+                    self._out.mux(self._out_audio.encode(decoded))
+            except av.error.FFmpegError as exc:
+                log.warning("the source's audio ended damaged: %s", exc)
+            self._out.mux(self._out_audio.encode(None))
+
+    def finish(self) -> bytes:
+        try:
+            if self._out is None or self._video is None:
+                raise ValueError("no frames were added")
+            self._mux_video(self._video.encode(None))
+            self._pump_audio(self._end + AUDIO_OVERRUN_S, limit=self._end + AUDIO_OVERRUN_S)
+            self._out.close()
+            self._out = None
+            self._file.seek(0)
+            return self._file.read()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._out is not None:  # abandoned: whatever the file holds goes with it
+            out, self._out = self._out, None
+            try:
+                out.close()
+            except av.error.FFmpegError:
+                pass
+        self._source.close()
+        self._file.close()
