@@ -287,31 +287,68 @@ def _tone_level(data: bytes) -> float:
     return float(np.sqrt(np.mean(samples.astype(np.float64) ** 2)))
 
 
+def test_vorbis_from_webm_is_transcoded_to_aac():
+    source = _clip(container="webm", video_codec="libvpx", audio_codec="vorbis",
+                   video_seconds=1.0, audio_seconds=1.0)
+    writer, _, written = rewrite(source)
+    before, after = video(source), video(written)
+    assert (writer.audio, writer.audio_codec, after["audio"]["codec"]) == \
+        ("transcoded", "vorbis", "aac")
+    assert abs(after["audio"]["end"] - before["audio"]["end"]) <= 0.050
+    assert _tone_level(written) > 0.1
+
+
+def test_the_mp4_index_comes_first():
+    """faststart: the moov box before mdat, so a browser plays the result as it downloads."""
+    written = rewrite(media.video_clip(0.5, 10))[2]
+    boxes, at = [], 0
+    while at + 8 <= len(written):
+        size, kind = int.from_bytes(written[at:at + 4], "big"), written[at + 4:at + 8]
+        boxes.append(kind)
+        at += size
+    assert boxes.index(b"moov") < boxes.index(b"mdat")
+
+
 def test_audio_longer_than_the_video_is_cut_after_it():
     """A small upload with a long audio track cannot make a long result."""
-    source = _clip_with_long_audio(video_seconds=0.5, audio_seconds=4.0)
+    source = _clip(video_seconds=0.5, audio_seconds=4.0)
     _, _, written = rewrite(source)
     found = video(written)
     assert found["audio"]["end"] <= found["end"] + AUDIO_OVERRUN_S + 0.05
     assert found["audio"]["end"] >= found["end"]
 
 
-def _clip_with_long_audio(video_seconds: float, audio_seconds: float) -> bytes:
+def _clip(video_seconds: float, audio_seconds: float, container: str = "mp4",
+          video_codec: str = "libx264", audio_codec: str = "aac") -> bytes:
+    """A 10 fps clip whose audio may be longer than its video, in any codecs."""
     buffer = io.BytesIO()
-    with av.open(buffer, "w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=10)
+    with av.open(buffer, "w", format=container) as out:
+        stream = out.add_stream(video_codec, rate=10)
         stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
-        stream.options = {"preset": "ultrafast"}
-        sound = out.add_stream("aac", rate=media.AUDIO_RATE, layout="mono")
+        stream.options = {"preset": "ultrafast"} if video_codec == "libx264" else {}
+        # FFmpeg's own Vorbis encoder (the wheel has no libvorbis) is experimental and stereo
+        layout = "stereo" if audio_codec == "vorbis" else "mono"
+        sound = out.add_stream(audio_codec, rate=media.AUDIO_RATE, layout=layout,
+                               options={"strict": "experimental"})
         for index, image in enumerate(media.camera_move(round(video_seconds * 10))):
             frame = av.VideoFrame.from_ndarray(np.asarray(image), format="rgb24")
             frame.pts, frame.time_base = index, Fraction(1, 10)
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
-        for frame in media._tone(audio_seconds, 1024):
+        for frame in media._tone(audio_seconds, sound.codec_context.frame_size or 1024):
+            if layout == "stereo":
+                frame = _stereo(frame)
             out.mux(sound.encode(frame))
         out.mux(sound.encode(None))
     return buffer.getvalue()
+
+
+def _stereo(mono: av.AudioFrame) -> av.AudioFrame:
+    samples = mono.to_ndarray()
+    frame = av.AudioFrame.from_ndarray(np.concatenate([samples, samples]), format="fltp",
+                                       layout="stereo")
+    frame.sample_rate, frame.pts, frame.time_base = mono.sample_rate, mono.pts, mono.time_base
+    return frame
 
 
 def test_frames_without_times_follow_their_durations():
