@@ -13,6 +13,9 @@ from .cache import NearDuplicateCache, ResultStore
 from .cache.storage import open_storage
 from .config import DEFAULTS, AnimeGANOptions, Settings, unknown_keys
 from .inputs.isolation import Decoder
+from .jobs.queues import open_queue
+from .jobs.records import JobStore
+from .jobs.work import Jobs, run_job
 from .metrics import Metrics
 from .process import configure_process
 from .runtime.catalog import known_styles
@@ -81,6 +84,7 @@ class AnimeGAN:
             catalog = known_styles(settings.extra_styles)
             own = (None if ratelimit.host_limiter(app.extensions)
                    else ratelimit.own_limiter(app, settings))
+            job_queue = open_queue(settings, partial(self._run_job, app))
         except ValueError as exc:
             raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
 
@@ -90,9 +94,12 @@ class AnimeGAN:
                                                catalog=catalog, events=metrics)
         decoder = Decoder.from_settings(settings)
         cache, results = self._stores(settings, app.config.get("SECRET_KEY"))
+        secret = app.config.get("SECRET_KEY")
+        jobs = Jobs(settings, self._job_store(settings, secret), job_queue, engine,
+                    decoder.limits)
         service = AnimeGANService(settings, engine, decoder, cache, results,
                                   partial(ratelimit.counting_limiter, app.extensions, own),
-                                  own, metrics)
+                                  own, metrics, jobs)
         app.extensions[EXTENSION_KEY] = service
         app.register_blueprint(blueprint, url_prefix=settings.url_prefix)
         # Requests under the prefix that match no route (404, 405, 308) never reach the
@@ -133,6 +140,25 @@ class AnimeGAN:
         results = ResultStore(pages, ttl=settings.result_ttl,
                               max_bytes=settings.result_max_bytes)
         return cache, results
+
+    @staticmethod
+    def _job_store(settings: Settings, secret: Any) -> JobStore:
+        """Jobs live where the result pages do (ANIMEGAN_RESULT_STORAGE_URI, else
+        ANIMEGAN_STORAGE_URI): with Redis, the noeviction one every worker reaches. In
+        memory, a store of their own holding a full queue of the largest uploads beside
+        ANIMEGAN_RESULT_MAX_BYTES of results."""
+        budget = (settings.result_max_bytes
+                  + (settings.job_max_queue + 2) * settings.max_upload_bytes)
+        storage = open_storage(settings.result_storage, max_bytes=budget,
+                               prefix="animegan:")
+        key = secret.encode() if isinstance(secret, str) else bytes(secret or b"")
+        return JobStore(storage, ttl=settings.job_ttl, secret=key)
+
+    @staticmethod
+    def _run_job(app: Flask, job_id: str) -> None:
+        """The local queue's thread runs each job in the app's context, as RQ's does."""
+        with app.app_context():
+            run_job(job_id)
 
     @staticmethod
     def service() -> AnimeGANService:

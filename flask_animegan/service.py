@@ -20,6 +20,7 @@ from .errors import BadParameter, ConversionError
 from .inputs.decoding import fit
 from .inputs.formats import encode
 from .inputs.isolation import Decoder
+from .jobs.work import Jobs
 from .metrics import Metrics
 from .pipeline import Conversion, Pipeline
 from .runtime.admission import Admission
@@ -50,13 +51,16 @@ class AnimeGANService:
     def __init__(self, settings: Settings, engine: InferenceEngine,
                  decoder: Decoder, cache: NearDuplicateCache, results: ResultStore,
                  counting_limiter: Callable[[], Limiter], own_limiter: Limiter | None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, jobs: Jobs | None = None) -> None:
         self.settings = settings
         self.engine = engine
         self.decoder = decoder
         self.cache = cache
         self.results = results
         self.metrics = metrics
+        #: animations and videos as jobs (jobs/work.py), on RQ or the in-process queue;
+        #: None for a service made without them
+        self.jobs = jobs
         self.pipeline = Pipeline(decoder, engine, quality=settings.jpeg_quality, cache=cache)
         #: the web conversions in the app at once, at every stage: one running and
         #: ANIMEGAN_MAX_QUEUE more (runtime/admission.py); the CLI and convert() skip it
@@ -294,12 +298,17 @@ class AnimeGANService:
             status = "degraded"
         else:
             status = "ok"
+        jobs = self.jobs.status() if self.jobs is not None else None
+        if status == "ok" and jobs is not None and not jobs["ok"]:
+            status = "degraded"
         if not details:
             return {"status": status}
         problems = [f"style {name} is broken" for name in engine["broken"]]
         problems += self._store_problems(storage)
+        if jobs is not None and not jobs["ok"]:
+            problems.append(f"jobs: the job queue's Redis is unreachable ({jobs.get('error')})")
         return {"status": status, "pid": os.getpid(), **engine, "storage": storage,
-                "problems": problems,
+                "problems": problems, "jobs": jobs,
                 "cache": self.cache.stats(), "decoder": self.decoder.status(),
                 "admission": self.admission.status()}
 

@@ -1,0 +1,228 @@
+"""Where jobs wait for a worker: RQ on Redis, or one thread in this process.
+
+Both run :func:`flask_animegan.jobs.work.run_job` with a job's id, one job at a time per
+worker; neither is a queue of our own making. :class:`RQQueue` is an ``rq.Queue`` that
+``flask animegan worker`` processes take jobs from, on this machine or any other that
+reaches the Redis. :class:`LocalQueue` is a bounded ``queue.Queue`` and one daemon thread
+per app process: single-machine, and its waiting jobs are lost with the process.
+:func:`open_queue` picks one from ANIMEGAN_JOB_QUEUE and fails closed: ``rq`` without a
+Redis stops the app at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from ..config import REDIS_SCHEMES, SettingError, Settings
+from ..errors import Overloaded
+
+log = logging.getLogger("flask_animegan")
+
+#: What RQ imports and calls in the worker, with the job's id.
+ENTRY_POINT = "flask_animegan.jobs.work.run_job"
+QUEUE_NAME = "animegan"
+#: Seconds to retry after when the queue is full or Redis is unreachable.
+FULL_RETRY_AFTER = 30
+
+
+def _full(waiting: int) -> Overloaded:
+    return Overloaded(f"the job queue is full ({waiting} jobs are waiting for a worker); "
+                      f"try again in {FULL_RETRY_AFTER} s", FULL_RETRY_AFTER)
+
+
+class JobQueue(ABC):
+    """Runs jobs by id, one at a time per worker."""
+
+    #: ``"rq"`` or ``"local"``
+    kind: str = ""
+
+    @abstractmethod
+    def enqueue(self, job_id: str, attempt: int = 0) -> None:
+        """Queue the job's ``attempt``-th run; :class:`Overloaded` (503) when
+        ANIMEGAN_JOB_MAX_QUEUE jobs already wait or the queue is unreachable."""
+
+    @abstractmethod
+    def cancel(self, job_id: str, attempt: int = 0) -> None:
+        """Take a waiting job out of the queue where the queue can; a running one stops at
+        its next frame through its record's cancel flag (:meth:`JobStore.request_cancel`)."""
+
+    @abstractmethod
+    def queued_count(self) -> int:
+        """Jobs waiting for a worker."""
+
+    @abstractmethod
+    def status(self) -> dict[str, Any]:
+        """The queue for /healthz: ``kind``, ``ok``, ``queued``, ``max_queue``, ..."""
+
+
+class LocalQueue(JobQueue):
+    """A bounded queue and one daemon thread of this process running ``runner(job_id)``.
+
+    The thread starts with the first job. ``runner`` runs the job in the app's context
+    (the extension's wiring makes it); one job at a time, so a job's frames wait for the
+    model as the photos of the web requests do (the same inference gate)."""
+
+    kind = "local"
+
+    def __init__(self, runner: Callable[[str], None], *, max_queue: int) -> None:
+        self.max_queue = max_queue
+        self._runner = runner
+        self._waiting: queue.Queue[str] = queue.Queue(maxsize=max_queue)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.running: str | None = None
+
+    def enqueue(self, job_id: str, attempt: int = 0) -> None:
+        self._start()
+        try:
+            self._waiting.put_nowait(job_id)
+        except queue.Full:
+            raise _full(self.max_queue) from None
+
+    def cancel(self, job_id: str, attempt: int = 0) -> None:
+        pass  # a cancelled job that reaches the thread is skipped by run_job
+
+    def queued_count(self) -> int:
+        return self._waiting.qsize()
+
+    def status(self) -> dict[str, Any]:
+        return {"kind": self.kind, "ok": True, "queued": self.queued_count(),
+                "max_queue": self.max_queue, "running": 1 if self.running else 0,
+                "workers": 1}
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="animegan-jobs",
+                                                daemon=True)
+                self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            job_id = self._waiting.get()
+            self.running = job_id
+            try:
+                self._runner(job_id)
+            except Exception:
+                log.exception("flask_animegan: job %s ended with an unexpected error", job_id)
+            finally:
+                self.running = None
+                self._waiting.task_done()
+
+
+class RQQueue(JobQueue):
+    """An ``rq.Queue`` named ``animegan`` on the Redis at ``uri``.
+
+    Each run of a job is an RQ job of its own (``<id>-<attempt>``), so that a run requeued
+    after its worker died never meets what RQ still keeps of the dead run."""
+
+    kind = "rq"
+
+    def __init__(self, uri: str, *, max_queue: int, job_timeout: int, ttl: int,
+                 name: str = QUEUE_NAME) -> None:
+        import redis
+        from rq import Queue
+
+        self.uri = uri
+        self.name = name
+        self.max_queue = max_queue
+        self.job_timeout = job_timeout
+        self.ttl = ttl
+        # the web side: short waits, an outage answers 503 rather than holding a thread
+        self.connection = redis.Redis.from_url(uri, socket_timeout=1,
+                                               socket_connect_timeout=1)
+        self.queue = Queue(name, connection=self.connection)
+
+    @staticmethod
+    def rq_id(job_id: str, attempt: int) -> str:
+        return f"{job_id}-{attempt}"
+
+    def enqueue(self, job_id: str, attempt: int = 0) -> None:
+        import redis
+
+        try:
+            waiting = self.queue.count
+            if waiting >= self.max_queue:
+                raise _full(waiting)
+            # RQ's own timeout is a backstop: run_job stops at ANIMEGAN_JOB_TIMEOUT itself
+            self.queue.enqueue(ENTRY_POINT, job_id, job_id=self.rq_id(job_id, attempt),
+                               job_timeout=self.job_timeout + 60, result_ttl=0,
+                               failure_ttl=self.ttl, ttl=self.ttl)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("flask_animegan: the job queue's Redis is unavailable (%s)",
+                        type(exc).__name__)
+            raise Overloaded("the job queue is unavailable; try again in "
+                             f"{FULL_RETRY_AFTER} s", FULL_RETRY_AFTER) from None
+
+    def cancel(self, job_id: str, attempt: int = 0) -> None:
+        import redis
+        from rq.command import send_stop_job_command
+        from rq.exceptions import InvalidJobOperation, NoSuchJobError
+        from rq.job import Job, JobStatus
+
+        try:
+            job = Job.fetch(self.rq_id(job_id, attempt), connection=self.connection)
+            if job.get_status() == JobStatus.QUEUED:
+                job.cancel()
+            elif job.get_status() == JobStatus.STARTED:
+                send_stop_job_command(self.connection, job.id)  # the flag is the real stop
+        except (NoSuchJobError, InvalidJobOperation):
+            pass
+        except (redis.RedisError, OSError) as exc:
+            log.warning("flask_animegan: could not reach the job queue to cancel (%s); the "
+                        "worker stops at its next frame", type(exc).__name__)
+
+    def queued_count(self) -> int:
+        return int(self.queue.count)
+
+    def status(self) -> dict[str, Any]:
+        import redis
+        from rq import Worker
+
+        try:
+            workers = Worker.count(queue=self.queue)
+            return {"kind": self.kind, "ok": True, "queued": self.queued_count(),
+                    "max_queue": self.max_queue, "workers": workers,
+                    "running": self.queue.started_job_registry.count}
+        except (redis.RedisError, OSError) as exc:
+            return {"kind": self.kind, "ok": False, "error": type(exc).__name__,
+                    "max_queue": self.max_queue}
+
+    def work(self, *, burst: bool = False, name: str | None = None) -> None:
+        """Take jobs from this queue until stopped, in this process (``SimpleWorker``: no
+        fork per job, so the model loaded at warm-up serves every job; one job at a time
+        is one inference at a time). ``flask animegan worker`` calls it in the app context."""
+        import redis
+        from rq import SimpleWorker
+
+        # no socket timeout here: the worker blocks on Redis while the queue is empty
+        connection = redis.Redis.from_url(self.uri)
+        worker = SimpleWorker([self.name], connection=connection, name=name)
+        worker.work(burst=burst, logging_level="INFO")
+
+
+def open_queue(settings: Settings, runner: Callable[[str], None]) -> JobQueue:
+    """The queue ANIMEGAN_JOB_QUEUE names (``auto``: RQ when the jobs' storage is Redis);
+    :class:`SettingError` for ``rq`` without a Redis or without the ``rq`` package."""
+    uri = settings.result_storage
+    kind = settings.job_queue_kind
+    if kind == "local":
+        return LocalQueue(runner, max_queue=settings.job_max_queue)
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme not in REDIS_SCHEMES:
+        raise SettingError("ANIMEGAN_JOB_QUEUE", (
+            "ANIMEGAN_JOB_QUEUE='rq' needs a Redis for the queue: set "
+            "ANIMEGAN_RESULT_STORAGE_URI (or ANIMEGAN_STORAGE_URI) to redis://host:6380/0, "
+            "or use 'local' (one in-process worker, single machine) or 'auto'"))
+    try:
+        return RQQueue(uri, max_queue=settings.job_max_queue,
+                       job_timeout=settings.job_timeout, ttl=settings.job_ttl)
+    except ImportError:
+        raise SettingError("ANIMEGAN_JOB_QUEUE", (
+            "jobs on Redis need RQ: pip install 'flask-animegan[jobs]', or set "
+            "ANIMEGAN_JOB_QUEUE=local")) from None

@@ -1,0 +1,187 @@
+"""What a job is and where it lives: :class:`JobRecord`, kept by :class:`JobStore`.
+
+A job's record, its upload, its result and its preview are bytes in the storage seam
+(:class:`~flask_animegan.cache.storage.Storage`: ``memory://`` in this process, or the
+Redis every instance and worker reaches), each under a key with a TTL:
+
+* ``job:<id>``: the record, JSON (renewed at each update, so a running job never expires);
+* ``job:<id>:input``: the upload, kept until the job ends, then overwritten by an empty
+  value that expires at once;
+* ``job:<id>:result`` and ``job:<id>:preview``: the output and its JPEG still;
+* ``job:<id>:cancel``: set by a cancel, read by the worker between frames (a key of its
+  own, so a worker's progress update never overwrites a cancel);
+* ``client:<digest>``: the newest job ids of one client, to count its unfinished jobs.
+
+Ids are ``secrets.token_urlsafe(24)`` (192 random bits): a job is reachable only by its id.
+The client is stored as a keyed digest of the rate-limit key, never the address itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from ..cache.storage import Storage
+
+#: What a job id looks like (``secrets.token_urlsafe(24)``); anything else is no job.
+JOB_ID = re.compile(r"[A-Za-z0-9_-]{32}")
+#: The newest jobs of a client kept in its list (its unfinished ones are counted there).
+CLIENT_LIST_CAP = 32
+#: Seconds an overwritten upload lingers (a TTL of 0 stores nothing on every backend).
+GONE_TTL = 1
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+UNFINISHED = (JobState.QUEUED, JobState.RUNNING)
+
+
+@dataclass
+class JobRecord:
+    """One job as the API reports it; times are Unix seconds (``time.time()``: workers on
+    other machines must keep their clocks in step, as NTP does)."""
+
+    id: str
+    state: JobState
+    client: str  # keyed digest of the client's rate-limit key
+    style: str
+    size: int
+    kind: str  # "animation" or "video"
+    format: str  # the upload's: GIF, WEBP, PNG, MP4, ...
+    frames_total: int
+    frames_done: int = 0
+    frames_reused: int = 0
+    created_at: float = 0.0
+    started_at: float | None = None
+    updated_at: float = 0.0  # the heartbeat while running
+    finished_at: float | None = None
+    eta_s: float | None = None
+    error: str | None = None  # a message fit to show the person who sent the upload
+    result_mimetype: str | None = None
+    attempts: int = 0  # runs started (a stalled job is run again once)
+    cancel_requested: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.state not in UNFINISHED
+
+    @property
+    def progress(self) -> float:
+        """Frames done over frames in all, 0 to 1 (1 once done)."""
+        if self.state == JobState.DONE:
+            return 1.0
+        return min(self.frames_done / self.frames_total, 1.0) if self.frames_total else 0.0
+
+    def to_bytes(self) -> bytes:
+        fields = dataclasses.asdict(self)
+        fields["state"] = self.state.value
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> JobRecord | None:
+        """The record in ``blob``, or None for something that is no record."""
+        try:
+            fields: dict[str, Any] = json.loads(blob)
+            fields["state"] = JobState(fields["state"])
+            return cls(**fields)
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+class JobStore:
+    """Jobs' records, uploads and results in a :class:`Storage`, each key with ``ttl``."""
+
+    def __init__(self, storage: Storage, *, ttl: float, secret: bytes = b"") -> None:
+        self.storage = storage
+        self.ttl = ttl
+        self._secret = secret
+
+    def client_digest(self, client: str) -> str:
+        """The digest a record keeps of a client's rate-limit key (keyed with the app's
+        SECRET_KEY, so whoever reads the storage cannot list who sent what)."""
+        return hmac.new(self._secret, client.encode(), hashlib.sha256).hexdigest()[:32]
+
+    # -- records ---------------------------------------------------------------------
+    def create(self, data: bytes, *, client: str, style: str, size: int, kind: str,
+               format: str, frames_total: int) -> JobRecord | None:
+        """A new queued job holding ``data``; None when the storage refused it (down or full)."""
+        now = time.time()
+        record = JobRecord(id=secrets.token_urlsafe(24), state=JobState.QUEUED,
+                           client=self.client_digest(client), style=style, size=size,
+                           kind=kind, format=format, frames_total=frames_total,
+                           created_at=now, updated_at=now)
+        if not self.storage.set(self._key(record.id, "input"), data, self.ttl):
+            return None
+        if not self.storage.set_indexed(self._key(record.id), record.to_bytes(),
+                                        index=f"client:{record.client}",
+                                        member=record.id.encode(), ttl=self.ttl,
+                                        cap=CLIENT_LIST_CAP):
+            self.drop_input(record.id)
+            return None
+        return record
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The record of ``job_id`` as stored (None: no such job, or it expired)."""
+        if not JOB_ID.fullmatch(job_id):
+            return None
+        blob = self.storage.get(self._key(job_id))
+        record = JobRecord.from_bytes(blob) if blob else None
+        if record is not None and record.id == job_id and not record.finished:
+            record.cancel_requested = self.cancel_requested(job_id)
+        return record if record is not None and record.id == job_id else None
+
+    def update(self, record: JobRecord) -> bool:
+        """Store ``record`` (its TTL starts again); False when the storage refused it."""
+        return self.storage.set(self._key(record.id), record.to_bytes(), self.ttl)
+
+    def unfinished(self, client: str) -> int:
+        """How many of the client's newest jobs are queued or running."""
+        digest = self.client_digest(client)
+        ids = {member.decode() for member in
+               self.storage.index(f"client:{digest}", CLIENT_LIST_CAP)}
+        return sum(1 for job_id in ids
+                   if (record := self.get(job_id)) is not None and not record.finished)
+
+    # -- cancelling ------------------------------------------------------------------
+    def request_cancel(self, job_id: str) -> bool:
+        return self.storage.set(self._key(job_id, "cancel"), b"1", self.ttl)
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return self.storage.get(self._key(job_id, "cancel")) is not None
+
+    # -- the upload and the result ---------------------------------------------------
+    def get_input(self, job_id: str) -> bytes | None:
+        data = self.storage.get(self._key(job_id, "input"))
+        return data or None
+
+    def drop_input(self, job_id: str) -> None:
+        """Forget the upload (the job ended): overwritten, expiring at once."""
+        self.storage.set(self._key(job_id, "input"), b"", GONE_TTL)
+
+    def put_result(self, job_id: str, data: bytes, preview: bytes) -> bool:
+        return (self.storage.set(self._key(job_id, "result"), data, self.ttl)
+                and self.storage.set(self._key(job_id, "preview"), preview, self.ttl))
+
+    def get_result(self, job_id: str) -> bytes | None:
+        return self.storage.get(self._key(job_id, "result")) if JOB_ID.fullmatch(job_id) else None
+
+    def get_preview(self, job_id: str) -> bytes | None:
+        return self.storage.get(self._key(job_id, "preview")) if JOB_ID.fullmatch(job_id) else None
+
+    @staticmethod
+    def _key(job_id: str, part: str = "") -> str:
+        return f"job:{job_id}:{part}" if part else f"job:{job_id}"

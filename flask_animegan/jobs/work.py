@@ -1,0 +1,264 @@
+"""Running a job: decode each frame, convert it (once for a run of near-identical frames),
+write the output, report progress; and the app's side of jobs, :class:`Jobs`.
+
+:func:`run_job` is the one entry point: RQ imports it by name in ``flask animegan worker``
+processes, the local queue's thread calls it. Both run it in the app's context and reach
+:class:`Jobs` through ``current_app.extensions["animegan"].jobs`` (the jobs room never
+imports the service, which imports it).
+
+A job is never left at "running": a worker reports (the record's ``updated_at``) at least
+every :data:`REPORT_EVERY` seconds while it converts, and whoever reads a running record
+whose report is older than ANIMEGAN_JOB_STALL_SECONDS (its worker was killed, its machine
+lost) queues it again, once, or else marks it failed (:meth:`Jobs.settle`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flask import current_app
+from PIL import Image
+
+from ..cache.fingerprint import Fingerprint
+from ..config import Settings
+from ..errors import ConversionError, Overloaded
+from ..inputs import media
+from ..inputs.decoding import DecodeLimits
+from ..inputs.media import Frame, MediaInfo, MediaLimits
+from ..runtime.engine import InferenceEngine
+from . import encoders
+from .queues import JobQueue
+from .records import JobRecord, JobState, JobStore
+
+log = logging.getLogger("flask_animegan")
+
+#: Most seconds between two progress reports of a running job (also its heartbeat).
+REPORT_EVERY = 0.5
+#: Runs of one job at most: the first and one after a stalled worker.
+MAX_ATTEMPTS = 2
+STALLED = "the worker converting it stopped; send the file again"
+INTERNAL = "the conversion failed on the server; try again, or send another file"
+
+
+class JobCancelled(Exception):
+    """The job's cancel flag was found set between two frames."""
+
+
+class JobTaken(Exception):
+    """The record says another run owns the job now (this one was declared stalled)."""
+
+
+def run_job(job_id: str) -> None:
+    """Run the job ``job_id`` with the current app's :class:`Jobs` (RQ's entry point)."""
+    jobs: Jobs = current_app.extensions["animegan"].jobs
+    jobs.run(job_id)
+
+
+class Jobs:
+    """One app's jobs: checking an upload, making a job, reading it back (settling stalls),
+    cancelling, and running one (:meth:`run`, in a worker)."""
+
+    def __init__(self, settings: Settings, store: JobStore, queue: JobQueue,
+                 engine: InferenceEngine, decode: DecodeLimits) -> None:
+        self.settings = settings
+        self.store = store
+        self.queue = queue
+        self.engine = engine
+        self.decode = decode
+        self.limits = MediaLimits(
+            max_frames=settings.max_frames, max_seconds=settings.max_seconds,
+            max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels,
+            max_total_pixels=settings.max_frames * settings.max_frame_pixels)
+
+    # -- at the door (the web process) -------------------------------------------------
+    def probe(self, data: bytes) -> MediaInfo:
+        """What the upload is, from its headers, checked against the limits (in the decode
+        helper process unless ANIMEGAN_DECODE_ISOLATION=thread); raises ConversionError."""
+        if self.settings.decode_isolation == "thread":
+            return media.probe(data, self.limits, self.decode)
+        from ..inputs.frames_helper import isolated_probe
+
+        return isolated_probe(data, self.limits, self.decode, self.settings.decode_timeout)
+
+    def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
+               client: str) -> JobRecord:
+        """Make a job of a probed upload and queue it. Raises Overloaded (503) when the
+        queue is full or the storage refuses the job; the views check the client's limits
+        (:meth:`JobStore.unfinished`, the rate limit) before."""
+        record = self.store.create(data, client=client, style=style, size=size,
+                                   kind=info.kind, format=info.format,
+                                   frames_total=info.frames)
+        if record is None:
+            raise Overloaded("the job store is unavailable or full; try again in 30 s", 30)
+        try:
+            self.queue.enqueue(record.id)
+        except Overloaded:
+            self._finish(record, JobState.FAILED, "the job queue was full")
+            raise
+        return record
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The job's record, a stalled run settled first (None: no such job)."""
+        record = self.store.get(job_id)
+        return self.settle(record) if record is not None else None
+
+    def settle(self, record: JobRecord) -> JobRecord:
+        """A running job whose worker stopped reporting is queued again (once) or failed."""
+        stale = time.time() - record.updated_at > self.settings.job_stall_seconds
+        if record.state != JobState.RUNNING or not stale:
+            return record
+        if record.attempts < MAX_ATTEMPTS and not record.cancel_requested:
+            log.warning("flask_animegan: job %s stalled (no report for %.0f s); queued again",
+                        record.id, time.time() - record.updated_at)
+            record.state, record.frames_done, record.frames_reused = JobState.QUEUED, 0, 0
+            record.eta_s, record.updated_at = None, time.time()
+            self.store.update(record)
+            try:
+                self.queue.enqueue(record.id, record.attempts)
+                return record
+            except Overloaded:
+                pass
+        log.warning("flask_animegan: job %s stalled; marked failed", record.id)
+        return self._finish(record, JobState.FAILED, STALLED)
+
+    def cancel(self, job_id: str) -> JobRecord | None:
+        """Cancel a job: a queued one ends now, a running one at its next frame."""
+        record = self.get(job_id)
+        if record is None or record.finished:
+            return record
+        self.store.request_cancel(job_id)
+        record.cancel_requested = True
+        running = record.state == JobState.RUNNING  # its run counted in attempts already
+        self.queue.cancel(job_id, record.attempts - 1 if running else record.attempts)
+        if record.state == JobState.QUEUED:
+            return self._finish(record, JobState.CANCELLED, None)
+        return record
+
+    def status(self) -> dict[str, Any]:
+        """The queue for /healthz."""
+        return self.queue.status()
+
+    # -- in a worker -------------------------------------------------------------------
+    def run(self, job_id: str) -> None:
+        """Convert the job: each frame decoded in the helper, converted (or the previous
+        result reused), written; the result and preview stored; the record finished."""
+        record = self.store.get(job_id)
+        if record is None or record.state != JobState.QUEUED:
+            return  # cancelled, expired, or taken by another worker already
+        if record.cancel_requested:
+            self._finish(record, JobState.CANCELLED, None)
+            return
+        data = self.store.get_input(job_id)
+        if data is None:
+            self._finish(record, JobState.FAILED, "the upload expired before a worker "
+                                                  "took the job; send it again")
+            return
+        record.state, record.attempts = JobState.RUNNING, record.attempts + 1
+        record.started_at = record.updated_at = time.time()
+        self.store.update(record)
+        try:
+            self._convert(record, data)
+        except JobTaken:
+            log.info("flask_animegan: job %s was taken over; this run stops", job_id)
+        except JobCancelled:
+            self._finish(record, JobState.CANCELLED, None)
+        except ConversionError as exc:
+            self._finish(record, JobState.FAILED, str(exc))
+        except Exception:
+            log.exception("flask_animegan: job %s failed", job_id)
+            self._finish(record, JobState.FAILED, INTERNAL)
+
+    def _convert(self, record: JobRecord, data: bytes) -> None:
+        started = time.monotonic()
+        deadline = started + self.settings.job_timeout
+        style = self.engine.style(record.style)
+        info = self.probe(data)
+        if info.kind == "still":
+            raise ConversionError("this is a still photo, not an animation or a video: "
+                                  "send it to POST /animegan/convert")
+        record.frames_total = info.frames
+        writer, mimetype = encoders.writer_for(info, data, quality=self.settings.jpeg_quality)
+        anchor: Fingerprint | None = None  # of the last frame converted
+        converted: Image.Image | None = None
+        first: Image.Image | None = None
+        last_report = started
+        frames = self._frames(data, info, record.size, style.face)
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(writer.close)  # an abandoned result: its temporary file goes
+            cleanup.callback(getattr(frames, "close", lambda: None))  # the helper, killed
+            for frame in frames:
+                if time.monotonic() > deadline:
+                    raise ConversionError(
+                        f"the job took longer than {self.settings.job_timeout} s "
+                        "(ANIMEGAN_JOB_TIMEOUT); send a shorter or smaller file")
+                fingerprint = Fingerprint.of(frame.image, self.settings.phash_size)
+                if (converted is not None and anchor is not None
+                        and converted.size == frame.image.size
+                        and fingerprint.same_photo(anchor, self.settings.phash_max_distance)):
+                    record.frames_reused += 1
+                else:
+                    converted, anchor = self._infer(record, frame, style.name), fingerprint
+                if first is None:
+                    first = converted
+                writer.add(converted, frame.duration_ms, frame.disposal, pts=frame.pts)
+                record.frames_done += 1
+                if time.monotonic() - last_report >= REPORT_EVERY:
+                    self._report(record, started)
+                    last_report = time.monotonic()
+            if first is None:
+                raise ConversionError("the file holds no frame to convert")
+            result = writer.finish()
+        self._check_owner(record)
+        if not self.store.put_result(record.id, result,
+                                     encoders.preview(first, self.settings.jpeg_quality)):
+            raise ConversionError("the result could not be stored (the job store is full "
+                                  "or unavailable); try again later")
+        record.result_mimetype = mimetype
+        record.frames_total = record.frames_done
+        self._finish(record, JobState.DONE, None)
+
+    def _frames(self, data: bytes, info: MediaInfo, size: int, square: bool) -> Iterator[Frame]:
+        if self.settings.decode_isolation == "thread":
+            return media.frames(data, info, self.limits, self.decode, size=size, square=square)
+        from ..inputs.frames_helper import isolated_frames
+
+        return isolated_frames(data, info, self.limits, self.decode, size=size, square=square,
+                               timeout_per_frame=self.settings.decode_timeout,
+                               timeout_total=float(self.settings.job_timeout))
+
+    def _infer(self, record: JobRecord, frame: Frame, style: str) -> Image.Image:
+        """One frame through the network; waits (reporting) while the model is busy."""
+        while True:
+            try:
+                return self.engine.run(frame.image, style)
+            except Overloaded:  # web conversions fill the gate (local queue): wait our turn
+                self._report(record, None)
+                time.sleep(REPORT_EVERY)
+
+    def _report(self, record: JobRecord, started: float | None) -> None:
+        """Progress and heartbeat; stops the run when cancelled or taken over."""
+        self._check_owner(record)
+        if started is not None and record.frames_done:
+            per_frame = (time.monotonic() - started) / record.frames_done
+            record.eta_s = round(per_frame * max(record.frames_total - record.frames_done, 0), 1)
+        record.updated_at = time.time()
+        self.store.update(record)
+
+    def _check_owner(self, record: JobRecord) -> None:
+        stored = self.store.get(record.id)
+        if stored is None or stored.state != JobState.RUNNING or stored.attempts != record.attempts:
+            raise JobTaken
+        if stored.cancel_requested:
+            raise JobCancelled
+
+    def _finish(self, record: JobRecord, state: JobState, error: str | None) -> JobRecord:
+        record.state, record.error = state, error
+        record.finished_at = record.updated_at = time.time()
+        record.eta_s = 0.0 if state == JobState.DONE else None
+        self.store.update(record)
+        self.store.drop_input(record.id)
+        return record

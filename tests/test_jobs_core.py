@@ -1,0 +1,247 @@
+"""The jobs core through the service, on the in-process queue (the embedded default):
+records, the worker thread, progress, frame reuse, cancel, a full queue, stalls.
+
+The views (POST /jobs ...) have their own tests (test_jobs_api.py); these call
+``service.jobs`` as the views do, with generated media (tests/media.py).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+import av
+import pytest
+from media import camera_move, gif_from_photos, video_clip
+from PIL import Image
+
+from flask_animegan.errors import ConversionError, Overloaded
+from flask_animegan.jobs.records import JobRecord, JobState
+from flask_animegan.jobs.work import INTERNAL, STALLED
+
+CLIENT = "127.0.0.1"
+
+
+def submit(service, data: bytes, client: str = CLIENT, size: int = 96) -> JobRecord:
+    info = service.jobs.probe(data)
+    return service.jobs.submit(data, info, style="test_style", size=size, client=client)
+
+
+def follow(service, job_id: str, until, timeout: float = 120.0) -> list[JobRecord]:
+    """Every record read every 20 ms until ``until(record)`` (or a timeout: fails)."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = service.jobs.get(job_id)
+        assert record is not None
+        seen.append(record)
+        if until(record):
+            return seen
+        time.sleep(0.02)
+    pytest.fail(f"job {job_id} still {seen[-1].state} after {timeout} s: {seen[-1]}")
+
+
+def finished(record: JobRecord) -> bool:
+    return record.finished
+
+
+@pytest.fixture
+def service(make_app):
+    return make_app().extensions["animegan"]
+
+
+def test_without_redis_jobs_run_in_process(service):
+    assert service.jobs.queue.kind == "local"
+    assert service.health()["jobs"]["kind"] == "local"
+
+
+def test_a_gif_goes_queued_running_done_with_rising_progress(service):
+    data = gif_from_photos(20, size=(128, 96), durations=[40 + 10 * (i % 3) for i in range(20)])
+    record = submit(service, data, size=128)
+    assert record.state == JobState.QUEUED and record.frames_total == 20
+    assert CLIENT not in record.to_bytes().decode()  # a digest, never the address
+
+    seen = follow(service, record.id, finished)
+    states = [r.state for r in seen]
+    assert states[-1] == JobState.DONE, seen[-1].error
+    assert JobState.RUNNING in states
+    assert states.index(JobState.RUNNING) < states.index(JobState.DONE)
+    done = [r.frames_done for r in seen]
+    assert done == sorted(done), "frames_done never goes back"
+    assert any(0 < d < 20 for d in done), f"no progress between start and end: {set(done)}"
+    assert any(r.eta_s is not None and r.eta_s > 0 for r in seen if r.state == JobState.RUNNING)
+    final = seen[-1]
+    assert final.frames_done == 20 and final.progress == 1.0 and final.eta_s == 0.0
+    assert final.result_mimetype == "image/gif"
+
+    result = service.jobs.store.get_result(record.id)
+    with Image.open(io.BytesIO(result)) as gif:
+        assert gif.n_frames == 20
+        assert max(gif.size) == 128
+        durations = []
+        for index in range(gif.n_frames):
+            gif.seek(index)
+            durations.append(gif.info["duration"])
+    assert durations == [40 + 10 * (i % 3) for i in range(20)]
+    with Image.open(io.BytesIO(service.jobs.store.get_preview(record.id))) as still:
+        assert still.format == "JPEG"
+    assert service.jobs.store.get_input(record.id) is None, "the upload is dropped at the end"
+
+
+def held_shot_gif(held: int, moving: int) -> tuple[bytes, int]:
+    """A GIF of a shot held for ``held`` frames, then ``moving`` frames of a pan. The held
+    frames share their pixels; each moves one palette colour by a level, so that Pillow's
+    writer (which merges identical frames) keeps them apart."""
+    still = next(camera_move(1, (96, 64))).quantize(255)
+    frames = []
+    for index in range(held):
+        frame = still.copy()
+        palette = still.getpalette()
+        palette[3 * index] ^= 1
+        frame.putpalette(palette)
+        frames.append(frame)
+    frames += [frame.quantize(255) for frame in list(camera_move(moving + 1, (96, 64)))[1:]]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:], duration=80,
+                   loop=0, optimize=False)
+    return buffer.getvalue(), held + moving
+
+
+def test_a_held_shot_is_converted_once(service):
+    """A frame that is the same photo as the last converted one (the cache's rule) reuses
+    its result; the frames of a pan are each converted."""
+    data, count = held_shot_gif(held=8, moving=6)
+    record = submit(service, data)
+    final = follow(service, record.id, finished)[-1]
+    assert final.state == JobState.DONE, final.error
+    assert final.frames_done == count
+    assert final.frames_reused == 7, final  # the held shot's first frame is converted
+    with Image.open(io.BytesIO(service.jobs.store.get_result(record.id))) as gif:
+        assert gif.n_frames == count
+
+
+def test_a_video_is_converted_to_mp4_with_every_frame(service):
+    data = video_clip(seconds=2.0, fps=10, size=(96, 64), audio=False, static_seconds=1.0)
+    record = submit(service, data)
+    final = follow(service, record.id, finished)[-1]
+    assert final.state == JobState.DONE, final.error
+    assert final.frames_done == 20 and final.result_mimetype == "video/mp4"
+    # H.264 moves a tiny static shot's pixels by a few levels from frame to frame: the
+    # cache's tight rule reuses only where they did not move (never in the pan)
+    assert final.frames_reused < 10
+    with av.open(io.BytesIO(service.jobs.store.get_result(record.id))) as out:
+        assert sum(1 for _ in out.decode(video=0)) == 20
+
+
+def test_cancel_a_running_job_and_a_queued_one(service):
+    long = gif_from_photos(60, size=(128, 96))
+    first = submit(service, long, size=128)
+    follow(service, first.id, lambda r: r.state == JobState.RUNNING and r.frames_done > 0)
+    second = submit(service, long, client="127.0.0.2", size=128)
+    assert service.jobs.get(second.id).state == JobState.QUEUED
+
+    cancelled = service.jobs.cancel(second.id)
+    assert cancelled.state == JobState.CANCELLED  # a queued job ends at once
+    running = service.jobs.cancel(first.id)
+    assert running.cancel_requested
+    final = follow(service, first.id, finished, timeout=30)[-1]
+    assert final.state == JobState.CANCELLED and final.frames_done < 60
+    assert service.jobs.store.get_result(first.id) is None
+    assert service.jobs.store.get_input(first.id) is None
+    # the worker skipped the cancelled one: it stays cancelled, with nothing done
+    time.sleep(0.5)
+    assert service.jobs.get(second.id).state == JobState.CANCELLED
+    assert service.jobs.get(second.id).frames_done == 0
+    assert service.jobs.cancel(first.id).state == JobState.CANCELLED  # again: no change
+
+
+def test_a_full_queue_answers_503_with_retry_after(make_app):
+    service = make_app(ANIMEGAN_JOB_MAX_QUEUE=1).extensions["animegan"]
+    data = gif_from_photos(60, size=(128, 96))
+    running = submit(service, data, size=128)
+    follow(service, running.id, lambda r: r.state == JobState.RUNNING)
+    waiting = submit(service, data, client="127.0.0.2", size=128)
+    with pytest.raises(Overloaded) as refused:
+        submit(service, data, client="127.0.0.3", size=128)
+    assert refused.value.status == 503 and refused.value.retry_after > 0
+    assert "queue is full" in str(refused.value)
+    assert service.jobs.status()["queued"] == 1
+    for job in (running, waiting):
+        service.jobs.cancel(job.id)
+    follow(service, running.id, finished, timeout=30)
+
+
+def test_unfinished_jobs_are_counted_per_client(service):
+    data = gif_from_photos(60, size=(128, 96))
+    jobs = [submit(service, data, client="10.0.0.1", size=128) for _ in range(2)]
+    assert service.jobs.store.unfinished("10.0.0.1") == 2
+    assert service.jobs.store.unfinished("10.0.0.2") == 0
+    for job in jobs:
+        service.jobs.cancel(job.id)
+    assert service.jobs.store.unfinished("10.0.0.1") <= 1  # the running one stops at a frame
+    follow(service, jobs[0].id, finished, timeout=30)
+    assert service.jobs.store.unfinished("10.0.0.1") == 0
+
+
+def stalled_copy(service, data: bytes, attempts: int) -> JobRecord:
+    """A job as a killed worker leaves it: running, its last report long ago."""
+    info = service.jobs.probe(data)
+    record = service.jobs.store.create(data, client=CLIENT, style="test_style", size=96,
+                                       kind=info.kind, format=info.format,
+                                       frames_total=info.frames)
+    record.state, record.attempts, record.frames_done = JobState.RUNNING, attempts, 3
+    record.updated_at = time.time() - service.settings.job_stall_seconds - 1
+    service.jobs.store.update(record)
+    return record
+
+
+def test_a_stalled_job_is_run_again_once(service):
+    data = gif_from_photos(10)
+    record = stalled_copy(service, data, attempts=1)
+    settled = service.jobs.get(record.id)
+    assert settled.state in (JobState.QUEUED, JobState.RUNNING, JobState.DONE)
+    final = follow(service, record.id, finished)[-1]
+    assert final.state == JobState.DONE and final.frames_done == 10 and final.attempts == 2
+
+
+def test_a_job_stalled_twice_is_failed(service):
+    record = stalled_copy(service, gif_from_photos(10), attempts=2)
+    settled = service.jobs.get(record.id)
+    assert settled.state == JobState.FAILED and settled.error == STALLED
+    assert service.jobs.get(record.id).state == JobState.FAILED
+    assert service.jobs.store.get_input(record.id) is None
+
+
+def test_a_fresh_running_job_is_left_alone(service):
+    record = stalled_copy(service, gif_from_photos(10), attempts=1)
+    record.updated_at = time.time()
+    service.jobs.store.update(record)
+    assert service.jobs.get(record.id).state == JobState.RUNNING
+
+
+@pytest.mark.parametrize("job_id", ["", "x", "../../etc", "a" * 31, "a" * 33, "a" * 32])
+def test_no_such_job(service, job_id):
+    assert service.jobs.get(job_id) is None
+    assert service.jobs.cancel(job_id) is None
+    assert service.jobs.store.get_result(job_id) is None
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.6, 0.9])
+def test_a_truncated_gif_fails_with_a_clear_message(service, keep):
+    """Probing reads headers only; a GIF cut short is found while decoding: the job fails
+    with the decoder's message, never the server's generic one."""
+    data = gif_from_photos(10)
+    data = data[: int(len(data) * keep)]
+    try:
+        record = submit(service, data)
+    except ConversionError as refused:  # found at the door
+        assert refused.status in (400, 413, 415)
+        return
+    final = follow(service, record.id, finished)[-1]
+    assert final.state == JobState.FAILED
+    assert final.error and final.error != INTERNAL and "truncated or corrupt" in final.error
+
+
+def test_rq_without_redis_stops_the_app_at_start(make_app):
+    with pytest.raises(RuntimeError, match="ANIMEGAN_JOB_QUEUE='rq' needs a Redis"):
+        make_app(ANIMEGAN_JOB_QUEUE="rq")
