@@ -254,6 +254,34 @@ def export_command(name: str, target: Path) -> None:
                f"checked: max abs difference {difference:.1g})")
 
 
+@cli.command("worker")
+@click.option("--burst", is_flag=True, help="Stop when the queue is empty.")
+@click.option("--name", help="The worker's name in RQ (default: host and process id).")
+def worker_command(burst: bool, name: str | None) -> None:
+    """Convert queued jobs (animations, videos) from the RQ queue on Redis, one at a time.
+
+    Run as many as you like, on any machine that reaches the Redis of
+    ANIMEGAN_RESULT_STORAGE_URI (else ANIMEGAN_STORAGE_URI), with the same settings and
+    styles as the web app. Each loads and warms up the default style once, then takes
+    jobs with the same thread caps and backend choice as a web process.
+
+    \b
+    Example:
+      flask --app example_app animegan worker
+    """
+    service = get_service()
+    from ..jobs.queues import RQQueue
+
+    queue = service.jobs.queue if service.jobs is not None else None
+    if not isinstance(queue, RQQueue):
+        raise click.UsageError(
+            "this app's jobs run in its own process (ANIMEGAN_JOB_QUEUE is local, or auto "
+            "without Redis): set ANIMEGAN_RESULT_STORAGE_URI or ANIMEGAN_STORAGE_URI to "
+            "redis://host:6380/0 to queue them on RQ for workers")
+    service.warm_up()
+    queue.work(burst=burst, name=name)
+
+
 def _bench_root() -> Path | None:
     """The source checkout holding bench/ (the benchmark is not part of the package)."""
     for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
