@@ -8,6 +8,7 @@ its job running without reports: the next read requeues it, and the other worker
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import signal
 import subprocess
@@ -16,11 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from media import gif_from_photos
 from PIL import Image
 
 from flask_animegan.jobs.queues import RQQueue
 from flask_animegan.jobs.records import JobRecord, JobState
-from media import gif_from_photos
 
 pytestmark = [pytest.mark.redis, pytest.mark.server]
 
@@ -117,7 +118,7 @@ def test_two_workers_convert_a_60_frame_gif_reporting_every_2_s(service, workers
     assert running, "the job was never seen running"
     # a report (the record's heartbeat) at least every 2 s while it ran
     beats = sorted({r.updated_at for _, r in running} | {final.updated_at})
-    gaps = [b - a for a, b in zip(beats, beats[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert max(gaps, default=0) <= 2.0, f"longest gap between reports: {max(gaps):.2f} s"
     print(f"60 frames in {final.finished_at - final.started_at:.1f} s, {len(beats)} reports, "
           f"longest gap {max(gaps, default=0):.2f} s")
