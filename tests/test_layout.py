@@ -23,7 +23,7 @@ LAYERS = {
     "extension": 6,
     "web": 5,
     "service": 4,
-    "pipeline": 3,
+    "pipeline": 3, "jobs": 3,
     "inputs": 2, "runtime": 2, "cache": 2,
     "config": 1, "errors": 1, "process": 1, "metrics": 1,
 }
