@@ -154,6 +154,103 @@
     panel.focus();
   }
 
+  // Animations and videos run as jobs (POST .../jobs, then polled); a still photo is
+  // converted at once (POST .../convert). The file's type only picks the first try: the
+  // server's 415 names the other endpoint (jobs_url or convert_url) when it was wrong.
+  var jobPanel = document.getElementById("animegan-job-panel");
+  var jobBar = document.getElementById("animegan-job-bar");
+  var jobStatus = document.getElementById("animegan-job-status");
+  var jobCancel = document.getElementById("animegan-job-cancel");
+  var jobUrl = null;
+  var POLL_MS = 1000;
+
+  function movesByType(file) {
+    return /^video\//.test(file.type) || file.type === "image/gif" || file.type === "image/apng";
+  }
+
+  function describeJob(job) {
+    var frames = job.frames_done + " of " + job.frames_total + " frames";
+    if (job.state === "queued") return "Waiting for a worker\u2026 " + job.frames_total + " frames to convert.";
+    if (job.state === "running") {
+      return frames + (job.eta_s !== null ? ", about " + Math.round(job.eta_s) + " s left" : "") + ".";
+    }
+    if (job.state === "done") return "Done: " + frames + ".";
+    return (job.state === "cancelled" ? "Cancelled after " : "Stopped after ") + frames + ".";
+  }
+
+  function showJob(job) {
+    jobPanel.hidden = false;
+    jobBar.max = Math.max(1, job.frames_total);
+    jobBar.value = job.state === "done" ? jobBar.max : job.frames_done;
+    jobBar.textContent = Math.round(job.progress * 100) + " %";
+    jobStatus.textContent = describeJob(job);
+    jobPanel.dataset.state = job.state;
+  }
+
+  function showJobResult(job) {
+    var image = document.getElementById("animegan-job-image");
+    var video = document.getElementById("animegan-job-video");
+    var shown = job.kind === "video" ? video : image;
+    (job.kind === "video" ? image : video).hidden = true;
+    if (job.kind === "video") video.poster = job.preview_url;
+    else image.alt = "The animation in the " + job.style + " style";
+    shown.src = job.result_url;
+    shown.hidden = false;
+    jobPanel.querySelector(".animegan-job-result").hidden = false;
+    var download = document.getElementById("animegan-job-download");
+    var ext = { "image/gif": "gif", "image/webp": "webp", "image/png": "png", "video/mp4": "mp4" };
+    download.href = job.download_url;
+    download.download = stemOf(photo.name) + "-" + job.style + "." + (ext[job.result_mimetype] || "bin");
+    download.hidden = false;
+    jobCancel.hidden = true;
+    jobPanel.focus();
+  }
+
+  function resetJob() {
+    jobUrl = null;
+    jobPanel.hidden = true;
+    jobPanel.querySelector(".animegan-job-result").hidden = true;
+    document.getElementById("animegan-job-download").hidden = true;
+    jobCancel.hidden = false;
+  }
+
+  function pollJob(url, finish) {
+    jobUrl = url;
+    function tick() {
+      if (jobUrl !== url) return finish();  // another file was sent since
+      fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (response) {
+          return response.json().then(function (job) {
+            if (!response.ok) throw new Error(job.error || statusMessage(response));
+            return job;
+          });
+        })
+        .then(function (job) {
+          showJob(job);
+          if (job.state === "done") { showJobResult(job); finish(); }
+          else if (job.state === "failed" || job.state === "cancelled") {
+            jobCancel.hidden = true;
+            if (job.error) showError(job.error);
+            finish();
+          } else setTimeout(tick, POLL_MS);
+        })
+        .catch(function (problem) {
+          showError(problem && problem.message ? problem.message :
+                    "the server could not be reached; check your connection and try again");
+          finish();
+        });
+    }
+    tick();
+  }
+
+  jobCancel.addEventListener("click", function () {
+    if (!jobUrl) return;
+    jobCancel.disabled = true;
+    fetch(jobUrl, { method: "DELETE", credentials: "same-origin", headers: { Accept: "application/json" } })
+      .catch(function () { /* the next poll says how it ended */ })
+      .then(function () { jobCancel.disabled = false; });
+  });
+
   form.addEventListener("submit", function (event) {
     event.preventDefault();
     clearError();
@@ -171,26 +268,51 @@
     button.disabled = true;
     form.setAttribute("aria-busy", "true");
     form.classList.add("animegan-busy");
-    fetch(form.dataset.convertUrl, { method: "POST", body: body, credentials: "same-origin",
-                                     headers: { Accept: "application/json" } })
-      .then(function (response) {
-        if (response.ok) {
-          return response.blob().then(function (blob) { showResult(blob, response, elapsed()); });
-        }
-        status.textContent = "";
-        return response.json().then(
-          function (answer) { showError(answer.error || statusMessage(response)); },
-          function () { showError(statusMessage(response)); });
-      })
+    resetJob();
+    panel.hidden = true;
+
+    function finish() {
+      clearInterval(timer);
+      button.disabled = false;
+      form.removeAttribute("aria-busy");
+      form.classList.remove("animegan-busy");
+    }
+
+    function send(url, retried) {
+      return fetch(url, { method: "POST", body: body, credentials: "same-origin",
+                          headers: { Accept: "application/json" } })
+        .then(function (response) {
+          if (response.status === 202) {
+            clearInterval(timer);
+            status.textContent = "";
+            return response.json().then(function (job) {
+              showJob(job);
+              pollJob(response.headers.get("Location") || job.url, finish);
+            });
+          }
+          if (response.ok) {
+            return response.blob().then(function (blob) {
+              showResult(blob, response, elapsed());
+              finish();
+            });
+          }
+          return response.json().then(
+            function (answer) {
+              var other = answer.jobs_url || answer.convert_url;
+              if (response.status === 415 && other && !retried) return send(other, true);
+              status.textContent = "";
+              showError(answer.error || statusMessage(response));
+              finish();
+            },
+            function () { status.textContent = ""; showError(statusMessage(response)); finish(); });
+        });
+    }
+
+    send(movesByType(photo) ? form.dataset.jobsUrl : form.dataset.convertUrl, false)
       .catch(function () {
         status.textContent = "";
         showError("the server could not be reached; check your connection and try again");
-      })
-      .then(function () {
-        clearInterval(timer);
-        button.disabled = false;
-        form.removeAttribute("aria-busy");
-        form.classList.remove("animegan-busy");
+        finish();
       });
   });
 })();

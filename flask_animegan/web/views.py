@@ -32,20 +32,24 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from ..cache import StoredResult
 from ..config import DEFAULTS, OUTPUT_FORMATS
-from ..errors import BadImage, BadParameter, ConversionError, UnsupportedImage
+from ..errors import BadImage, BadParameter, ConversionError, ImageTooLarge, UnsupportedImage
 from ..inputs.formats import encode
+from ..inputs.media import MediaInfo
 from ..pipeline import Conversion, describe_timings
 from ..service import get_service
 from . import csrf
 from .blueprint import blueprint
 from .clients import client_key, is_loopback
 
+#: The job API's endpoints (web/jobs.py), all JSON; its page, ``job_page``, is HTML.
+JOB_API_ENDPOINTS = frozenset({"animegan.create_job", "animegan.job", "animegan.cancel_job",
+                               "animegan.job_result", "animegan.job_preview"})
 #: Endpoints that answer JSON (errors included); the others render pages.
 API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz",
-                           "animegan.style_sample", "animegan.metrics"})
+                           "animegan.style_sample", "animegan.metrics"}) | JOB_API_ENDPOINTS
 #: Endpoints that spend CPU on a conversion: the blueprint's POST routes, which share
-#: the rate limit (web/limits.py).
-LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert"})
+#: the rate limit (web/limits.py); a job adds its frames to it (web/jobs.py).
+LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert", "animegan.create_job"})
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
 #: Output sizes the form offers (those up to ANIMEGAN_MAX_SIDE, and the maximum itself).
 FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
@@ -215,8 +219,72 @@ def _read_upload() -> tuple[bytes, Any]:
     return data, request.args
 
 
+_PNG = b"\x89PNG\r\n\x1a\n"
+#: How far into a PNG its animation chunk (acTL, before the first IDAT) is looked for.
+_APNG_WINDOW = 64 << 10
+
+
+class NeedsJob(UnsupportedImage):
+    """An animation or a video sent where one picture is converted (``/convert``, the
+    form's ``/upload``): its frames are a job (web/jobs.py turns this into the job or the
+    pointer to it). ``info`` is its probe, ``data`` and ``params`` the request's."""
+
+    def __init__(self, info: MediaInfo, data: bytes, params: Any) -> None:
+        what = "a video" if info.kind == "video" else f"an animated {info.format}"
+        super().__init__(
+            f"this is {what} ({info.frames} frames): converting it takes a while, so it "
+            f"runs as a job; send it to POST {url_for('.create_job')} and follow the "
+            "job's URL for its progress")
+        self.info, self.data, self.params = info, data, params
+
+
+def may_move(data: bytes) -> bool:
+    """Whether ``data`` may be an animation or a video, from its first bytes alone: a GIF,
+    a WebP with its animation flag, a PNG with an animation chunk near its start, an
+    MP4/MOV (``ftyp``) or a Matroska/WebM (EBML). Nothing else is probed, so a still photo
+    costs nothing more; what these are is decided in a helper process (:func:`moving_upload`)."""
+    head = data[:32]
+    if head[:6] in (b"GIF87a", b"GIF89a") or head[:4] == b"\x1a\x45\xdf\xa3":
+        return True
+    if head[:4] == b"RIFF" and head[8:16] == b"WEBPVP8X":
+        return len(head) > 20 and bool(head[20] & 0x02)
+    if head[:8] == _PNG:
+        window = data[:_APNG_WINDOW]
+        animation, pixels = window.find(b"acTL"), window.find(b"IDAT")
+        return animation > 0 and (pixels < 0 or animation < pixels)
+    return head[4:8] == b"ftyp"
+
+
+def probe_upload(data: bytes) -> MediaInfo:
+    """What ``data`` is (a still, an animation or a video) and whether it is within a
+    job's limits, read in the decode helper process (jobs/work.py's ``Jobs.probe``);
+    raises BadImage, UnsupportedImage or ImageTooLarge."""
+    jobs = get_service().jobs
+    assert jobs is not None, "the extension makes the jobs"
+    return jobs.probe(data)
+
+
+def moving_upload(data: bytes) -> MediaInfo | None:
+    """The probe of an animation or a video, or None for a still photo, which keeps the
+    photo path. A file that only looked like one (a broken GIF, a PNG with a stray
+    ``acTL``) is left to the photo decoder, which refuses it or converts it as before;
+    one over a job's limits is refused here."""
+    if not may_move(data) or get_service().jobs is None:
+        return None
+    try:
+        info = probe_upload(data)
+    except ImageTooLarge:
+        raise
+    except ConversionError:
+        return None
+    return None if info.kind == "still" else info
+
+
 def _convert_request() -> Conversion:
     data, params = _read_upload()
+    moving = moving_upload(data)
+    if moving is not None:
+        raise NeedsJob(moving, data, params)
     service = get_service()
     conversion = service.convert_upload(data, style=params.get("style") or None,
                                         size=params.get("size"), fmt=params.get("format"),
@@ -302,6 +370,7 @@ def index() -> Response:
 @blueprint.post("/upload")
 def upload() -> BaseResponse:
     csrf.check()
+    # an animation or a video raises NeedsJob: web/jobs.py starts its job, 303 to its page
     conversion = _convert_request()
     service = get_service()
     stored = StoredResult(
