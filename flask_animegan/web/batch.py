@@ -17,10 +17,17 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["IMAGE_SUFFIXES", "Refused", "collect", "output_names", "read_entry",
-           "write_output"]
+__all__ = ["IMAGE_SUFFIXES", "MOVING_SUFFIXES", "Refused", "collect", "moving_name",
+           "output_names", "read_entry", "write_output"]
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+#: What a folder's entries are converted by: photos, animations (GIF, WebP, APNG) and
+#: short videos (MP4, MOV, WebM, Matroska).
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".apng", ".webp", ".gif", ".bmp", ".tif", ".tiff",
+                  ".mp4", ".m4v", ".mov", ".webm", ".mkv"}
+#: The output's suffix for an animation or a video, by the upload's format (MediaInfo):
+#: an animation stays its kind, a video becomes MP4.
+MOVING_SUFFIXES = {"GIF": "gif", "WEBP": "webp", "PNG": "png", "MP4": "mp4", "MOV": "mp4",
+                   "WEBM": "mp4", "MKV": "mp4"}
 #: What each kind of non-regular file is called in the refusal line.
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
@@ -74,6 +81,13 @@ def output_names(entries: list[Path], style: str, fmt: str) -> list[str]:
         taken.add(name.casefold())
         names.append(name)
     return names
+
+
+def moving_name(name: str, fmt: str, suffix: str) -> str:
+    """The output name of an animation or a video: ``name`` (from :func:`output_names`,
+    ending in the still format ``fmt``) with the suffix of the job's output. The part before
+    it is unique within the batch, so the name stays unique."""
+    return f"{name.removesuffix(f'.{fmt}')}.{suffix}"
 
 
 def _kind(mode: int) -> str | None:

@@ -5,19 +5,32 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 import click
 import torch
+from flask import current_app
 
 from ..errors import ConversionError
+from ..inputs.media import MediaInfo
+from ..jobs.records import JobState
 from ..runtime.download import DownloadError, pull_style
 from ..runtime.weights import WeightsError, load_generator
 from ..service import get_service
-from .batch import Refused, collect, output_names, read_entry, write_output
+from .batch import (
+    MOVING_SUFFIXES,
+    Refused,
+    collect,
+    moving_name,
+    output_names,
+    read_entry,
+    write_output,
+)
 from .blueprint import blueprint
+from .views import moving_upload
 
 cli = blueprint.cli
 cli.help = """Photo-to-anime styles: list, download, convert.
@@ -138,17 +151,21 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
                    "a symlink included, never writing through it).")
 def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                     size: int | None, fmt: str | None, overwrite: bool) -> None:
-    """Convert image files and folders (not recursive) into OUT.
+    """Convert image files, animations, videos and folders (not recursive) into OUT.
 
     Output files are named after the input with the style and format, e.g.
     photo.jpg -> OUT/photo.paprika.jpeg (photo.jpg.paprika.jpeg if photo.png is in
-    the batch too); existing outputs are skipped. Entries that are not regular files
+    the batch too); existing outputs are skipped. An animated GIF, WebP or APNG stays
+    its kind and a video (MP4, MOV, WebM) becomes MP4 with its sound (clip.mov ->
+    OUT/clip.paprika.mp4), converted frame by frame with a progress bar of its own;
+    --format applies to photos. Entries that are not regular files
     or are over ANIMEGAN_MAX_UPLOAD_BYTES are refused unread, one line each; the exit
     status is 1 if any entry was refused or failed.
 
     \b
     Example:
       flask --app example_app animegan convert holiday/ me.png -o anime/ --style paprika
+      flask --app example_app animegan convert cat.gif beach.mp4 -o anime/ --size 512
     """
     service = get_service()
     try:
@@ -184,7 +201,15 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                 report(path, f"refused: {exc}")
                 continue
             try:
-                result = service.convert_upload(data, chosen, size, fmt)
+                moving = moving_upload(data)
+                if moving is not None:
+                    name = moving_name(name, fmt, MOVING_SUFFIXES[moving.format])
+                    if not overwrite and os.path.lexists(out_dir / name):
+                        skipped += 1
+                        continue
+                    output = _convert_moving(path, data, moving, chosen, size, line_start)
+                else:
+                    output = service.convert_upload(data, chosen, size, fmt).data
             except ConversionError as exc:
                 failed += 1
                 report(path, str(exc))
@@ -195,7 +220,7 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                              "other files went on: please report this with the file")
                 continue
             try:
-                write_output(out_dir, name, result.data)
+                write_output(out_dir, name, output)
             except OSError as exc:
                 failed += 1
                 report(path, f"cannot write {out_dir / name}: {exc.strerror or exc}; "
@@ -207,6 +232,57 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                f"{failed + refused}{unread}; output in {out_dir}")
     if failed or refused:
         sys.exit(1)
+
+
+#: Seconds between two looks at a file's job while its progress bar is shown.
+_PROGRESS_EVERY = 0.2
+
+
+def _convert_moving(path: Path, data: bytes, info: MediaInfo, style: str, size: int | None,
+                    line_start: str) -> bytes:
+    """Convert an animation or a video in this process, as a worker would (the app's
+    ``Jobs.run``: the same frame reuse, limits and writers), with a progress bar of its
+    frames on stderr; the output's bytes. Its record lives in the job storage like any
+    job's, never queued; Ctrl+C cancels it between two frames."""
+    service = get_service()
+    jobs = service.jobs
+    assert jobs is not None, "the extension makes the jobs"
+    record = jobs.store.create(data, client="cli", style=style, size=service.parse_size(size),
+                               kind=info.kind, format=info.format, frames_total=info.frames)
+    if record is None:
+        raise ConversionError("the job storage refused the file (down or full); check "
+                              "ANIMEGAN_RESULT_STORAGE_URI")
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+
+    def run() -> None:
+        with app.app_context():
+            jobs.run(record.id)
+
+    worker = threading.Thread(target=run, name=f"animegan-convert-{path.name}", daemon=True)
+    worker.start()
+    shown = 0
+    click.echo(line_start, err=True, nl=False)
+    with click.progressbar(length=info.frames, label=f"{path.name} ({info.frames} frames)",
+                           file=sys.stderr, show_eta=True, show_pos=True) as bar:
+        try:
+            while worker.is_alive():
+                worker.join(_PROGRESS_EVERY)
+                current = jobs.store.get(record.id)
+                if current is not None and current.frames_done > shown:
+                    bar.update(current.frames_done - shown)
+                    shown = current.frames_done
+        except KeyboardInterrupt:
+            jobs.store.request_cancel(record.id)
+            worker.join()
+            raise
+        ended = jobs.store.get(record.id)
+        if ended is not None and ended.state == JobState.DONE:
+            bar.update(max(0, ended.frames_done - shown))
+    output = jobs.store.get_result(record.id) if ended is not None else None
+    if ended is None or ended.state != JobState.DONE or output is None:
+        raise ConversionError(ended.error if ended is not None and ended.error
+                              else "the conversion stopped without a result")
+    return output
 
 
 @cli.command("export")
