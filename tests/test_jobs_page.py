@@ -1,0 +1,152 @@
+"""Jobs on the page, in a real browser: Debian's headless Chromium against the real gunicorn
+serving the example app with the shipped ``toon_demo``. With JavaScript, the upload form
+sends an animation to ``POST /jobs`` and its progress bar advances until the result shows;
+without, the form's ``/upload`` lands on the job's page, which refreshes itself until the
+result and its download link are there.
+
+Screenshots are saved under the test's tmp folder; their paths are printed (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import need
+from media import gif_from_photos, video_clip
+from servers import Server
+from test_browser import CHROMEDRIVER, CHROMIUM, browser, shipped_toon_demo  # noqa: F401
+
+pytestmark = [pytest.mark.server, pytest.mark.browser]
+
+WAIT = 180  # seconds: a few dozen frames with toon_demo on a busy 2-core machine
+#: TEMPORARY: the app module served, until extension.py imports web/jobs.py (J3's wiring)
+SITE = "import flask_animegan.web.jobs  # noqa: F401\nfrom example_app import app  # noqa: F401\n"
+
+
+@pytest.fixture(scope="module")
+def server(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    need(CHROMIUM is not None and CHROMEDRIVER is not None,
+         "the browser tests need Debian's chromium and chromium-driver "
+         "(apt-get install chromium chromium-driver)")
+    tmp = tmp_path_factory.mktemp("jobs-page-server")
+    models = tmp / "models"
+    models.mkdir()
+    shutil.copy(shipped_toon_demo(), models)
+    (tmp / "jobs_site.py").write_text(SITE)
+    instance = Server({
+        "ANIMEGAN_MODELS_DIR": str(models), "ANIMEGAN_DEFAULT_STYLE": "toon_demo",
+        "ANIMEGAN_BACKEND": "torch", "ANIMEGAN_PRECISION": "fp32", "ANIMEGAN_ACCESS_LOG": "",
+        "ANIMEGAN_RATE_LIMIT": "", "ANIMEGAN_MAX_SIDE": "256", "PYTHONPATH": str(tmp),
+    }, log=tmp / "gunicorn.log", app="jobs_site:app")
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture(scope="module")
+def media_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("media")
+    files = {"gif": folder / "chelsea.gif", "mp4": folder / "coffee.mp4"}
+    files["gif"].write_bytes(gif_from_photos(36, size=(192, 128), durations=80))
+    files["mp4"].write_bytes(video_clip(2.0, fps=12, size=(192, 128), name="coffee"))
+    return files
+
+
+def screenshot(driver, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    driver.save_screenshot(str(path))
+    print(f"screenshot: {path}")
+    return path
+
+
+def bar(driver) -> tuple[float, float]:
+    value, maximum = driver.execute_script(
+        "var b = document.getElementById('animegan-job-bar'); return [b.value, b.max];")
+    return float(value), float(maximum)
+
+
+def test_with_javascript_the_progress_bar_advances_then_the_result_shows(
+        server, browser, media_files, tmp_path):  # noqa: F811 - the fixture from test_browser
+    driver = browser()
+    driver.get(f"{server.url}/animegan/")
+    driver.find_element("id", "animegan-image").send_keys(str(media_files["gif"]))
+    driver.find_element("id", "animegan-submit").click()
+    seen: list[float] = []
+    shot_midway = None
+    stop = time.monotonic() + WAIT
+    while time.monotonic() < stop:
+        state = driver.execute_script(
+            "return document.getElementById('animegan-job-panel').dataset.state || '';")
+        value, maximum = bar(driver)
+        if not seen or value != seen[-1]:
+            seen.append(value)
+        if shot_midway is None and 0 < value < maximum:
+            shot_midway = screenshot(driver, tmp_path, "job-js-progress.png")
+        if state in ("done", "failed", "cancelled"):
+            break
+        time.sleep(0.2)
+    assert state == "done", (state, driver.find_element("id", "animegan-error").text)
+    assert maximum == 36 and seen[-1] == 36
+    midway = [v for v in seen if 0 < v < 36]
+    assert len(midway) >= 2, f"the bar should move through several values: {seen}"
+    assert seen == sorted(seen)
+    assert "Done: 36 of 36 frames" in driver.find_element("id", "animegan-job-status").text
+    image = driver.find_element("id", "animegan-job-image")
+    assert image.is_displayed()
+    assert driver.execute_script("return arguments[0].naturalWidth", image) == 192
+    download = driver.find_element("id", "animegan-job-download")
+    assert download.is_displayed() and download.get_attribute("href").endswith("?download=1")
+    assert download.get_attribute("download") == "chelsea-toon_demo.gif"
+    driver.execute_script("arguments[0].scrollIntoView()",
+                          driver.find_element("id", "animegan-job-panel"))
+    screenshot(driver, tmp_path, "job-js-done.png")
+
+
+def test_with_javascript_a_video_shows_as_a_video(server, browser, media_files,
+                                                  tmp_path):  # noqa: F811
+    driver = browser()
+    driver.get(f"{server.url}/animegan/")
+    driver.find_element("id", "animegan-image").send_keys(str(media_files["mp4"]))
+    driver.find_element("id", "animegan-submit").click()
+    stop = time.monotonic() + WAIT
+    state = ""
+    while time.monotonic() < stop and state not in ("done", "failed", "cancelled"):
+        time.sleep(0.3)
+        state = driver.execute_script(
+            "return document.getElementById('animegan-job-panel').dataset.state || '';")
+    assert state == "done", driver.find_element("id", "animegan-error").text
+    video = driver.find_element("id", "animegan-job-video")
+    assert video.is_displayed() and video.get_attribute("src").endswith("/result")
+    assert driver.find_element("id", "animegan-job-download").get_attribute(
+        "download") == "coffee-toon_demo.mp4"
+    driver.execute_script("arguments[0].scrollIntoView()",
+                          driver.find_element("id", "animegan-job-panel"))
+    screenshot(driver, tmp_path, "job-js-video.png")
+
+
+def test_without_javascript_the_job_page_refreshes_until_the_result(
+        server, browser, media_files, tmp_path):  # noqa: F811
+    driver = browser(javascript=False)
+    driver.get(f"{server.url}/animegan/")
+    driver.find_element("id", "animegan-image").send_keys(str(media_files["gif"]))
+    driver.find_element("id", "animegan-submit").click()
+    assert "/animegan/jobs/" in driver.current_url and driver.current_url.endswith("/page")
+    screenshot(driver, tmp_path, "job-no-js-progress.png")
+    first = driver.find_element("id", "animegan-job-status").text
+    stop = time.monotonic() + WAIT
+    statuses = [first]
+    while time.monotonic() < stop:
+        time.sleep(0.5)
+        text = driver.find_element("id", "animegan-job-status").text  # after a refresh
+        if text != statuses[-1]:
+            statuses.append(text)
+        if driver.find_elements("id", "animegan-job-download"):
+            break
+    assert statuses[-1].startswith("Done: 36 of 36 frames"), statuses
+    assert len(statuses) >= 3, f"the page should refresh with new progress: {statuses}"
+    output = driver.find_element("id", "animegan-job-output")
+    assert driver.execute_script("return arguments[0].naturalWidth", output) == 192
+    screenshot(driver, tmp_path, "job-no-js-done.png")
