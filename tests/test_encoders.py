@@ -11,6 +11,8 @@ same packets. A last class checks that memory stays flat however many frames are
 from __future__ import annotations
 
 import io
+import random
+import re
 from fractions import Fraction
 from typing import Any
 
@@ -19,7 +21,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from flask_animegan.inputs import frames_helper
 from flask_animegan.inputs.decoding import DecodeLimits
+from flask_animegan.inputs.frames_helper import (
+    isolated_audio,
+    isolated_frames,
+    isolated_probe,
+)
 from flask_animegan.inputs.media import MediaLimits, frames, probe
 from flask_animegan.jobs.encoders import (
     AUDIO_OVERRUN_S,
@@ -171,18 +179,20 @@ def test_an_abandoned_video_writer_closes():
     """A failed or cancelled job closes its writer: nothing stays open (the suite turns an
     unclosed file into an error), a second close and a close after finish do nothing."""
     source = media.video_clip(0.5, 10)
+    track = isolated_audio(source, probe(source, LIMITS, DECODE), LIMITS, 20)
+    assert track is not None
     for frames_added in (0, 3):
-        writer = Mp4Writer(source, quality=80)
+        writer = Mp4Writer(track, fps=10, quality=80)
         for image in media.camera_move(frames_added, (96, 64)):
             writer.add(image, 100, None)
         writer.close()
         writer.close()
-    writer = Mp4Writer(source, quality=80)
+    writer = Mp4Writer(track, fps=10, quality=80)
     writer.add(next(media.camera_move(1, (96, 64))), 100, None)
     assert len(video(writer.finish())["times"]) == 1
     writer.close()
     with pytest.raises(ValueError, match="no frames"):
-        Mp4Writer(source, quality=80).finish()
+        Mp4Writer(track, fps=10, quality=80).finish()
 
 
 def test_a_still_has_no_frame_writer():
@@ -319,8 +329,12 @@ def test_audio_longer_than_the_video_is_cut_after_it():
 
 
 def _clip(video_seconds: float, audio_seconds: float, container: str = "mp4",
-          video_codec: str = "libx264", audio_codec: str = "aac") -> bytes:
-    """A 10 fps clip whose audio may be longer than its video, in any codecs."""
+          video_codec: str = "libx264", audio_codec: str = "aac", audio_pad: int = 0,
+          audio_garble: int = 0) -> bytes:
+    """A 10 fps clip whose audio may be longer than its video, in any codecs. Hostile audio:
+    ``audio_pad`` seeded random bytes after each packet's own (a copy never decodes them),
+    or every ``audio_garble``-th packet replaced by as many random bytes."""
+    rng = random.Random(27)
     buffer = io.BytesIO()
     with av.open(buffer, "w", format=container) as out:
         stream = out.add_stream(video_codec, rate=10)
@@ -335,11 +349,17 @@ def _clip(video_seconds: float, audio_seconds: float, container: str = "mp4",
             frame.pts, frame.time_base = index, Fraction(1, 10)
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
-        for frame in media._tone(audio_seconds, sound.codec_context.frame_size or 1024):
-            if layout == "stereo":
-                frame = _stereo(frame)
-            out.mux(sound.encode(frame))
-        out.mux(sound.encode(None))
+        tones = [_stereo(frame) if layout == "stereo" else frame
+                 for frame in media._tone(audio_seconds, sound.codec_context.frame_size or 1024)]
+        for index, packet in enumerate(p for tone in [*tones, None] for p in sound.encode(tone)):
+            if audio_pad or (audio_garble and index % audio_garble == 0):
+                body = (bytes(packet) + rng.randbytes(audio_pad) if audio_pad
+                        else rng.randbytes(packet.size))
+                hostile = av.Packet(body)
+                hostile.pts, hostile.dts, hostile.duration = packet.pts, packet.dts, packet.duration
+                hostile.time_base, hostile.stream = packet.time_base, sound
+                packet = hostile
+            out.mux(packet)
     return buffer.getvalue()
 
 
@@ -353,7 +373,7 @@ def _stereo(mono: av.AudioFrame) -> av.AudioFrame:
 
 def test_frames_without_times_follow_their_durations():
     """A caller that passes no pts gets each frame after the previous one's duration."""
-    writer = Mp4Writer(media.video_clip(0.5, 10, audio=False), quality=80)
+    writer = Mp4Writer(None, fps=10, quality=80)
     for image in media.camera_move(6, (96, 64)):
         writer.add(image, 125, None)
     found = video(writer.finish())
@@ -382,7 +402,7 @@ def test_memory_stays_flat_however_many_frames(fmt):
     """240 frames of 256x192 are 35 MB as RGB images; a writer that kept them would grow by
     that much. After the first 40 frames (allocator and encoder warm-up) the process may grow
     by at most 8 MB while the other 200 are written."""
-    writer = (Mp4Writer(media.video_clip(0.2, 10, audio=False), quality=80) if fmt == "MP4"
+    writer = (Mp4Writer(None, fps=25, quality=80) if fmt == "MP4"
               else WRITERS[fmt]())
     frame_bytes = FLAT_SIZE[0] * FLAT_SIZE[1] * 3
     peak = base = 0
@@ -397,3 +417,68 @@ def test_memory_stays_flat_however_many_frames(fmt):
     written = writer.finish()
     count = len(video(written)["times"]) if fmt == "MP4" else animation(written)["frames"]
     assert count == FLAT_FRAMES
+
+
+# -- the audio comes from the helper's track, never from the upload ------------------------
+def test_the_writer_never_opens_the_upload(monkeypatch):
+    """Every container this process opens while a video with audio is written is the
+    helper's track or the writer's own output: the upload's bytes are read in the helper."""
+    source = media.video_clip(1.0, 10)
+    info = isolated_probe(source, LIMITS, DECODE, 20)
+    frames_in = list(isolated_frames(source, info, LIMITS, DECODE, size=96, timeout_per_frame=20))
+    opened: list[bytes] = []
+    real_open = av.open
+
+    def spy(file: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(file, io.BytesIO):
+            opened.append(file.getvalue())
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(av, "open", spy)
+    writer, _, written = _write(source, info, frames_in)
+    assert writer.audio == "copied"
+    assert opened and source not in opened
+    assert all(data[4:8] == b"ftyp" and len(data) < len(source) for data in opened)
+    assert video(written)["audio"]["packets"] == video(source)["audio"]["packets"]
+
+
+def _write(source: bytes, info: Any, frames_in: list[Any],
+           **options: Any) -> tuple[Any, str, bytes]:
+    writer, mimetype = writer_for(info, source, quality=90, **options)
+    for frame in frames_in:
+        writer.add(frame.image, frame.duration_ms, frame.disposal, pts=frame.pts)
+    return writer, mimetype, writer.finish()
+
+
+#: a hostile audio track: (name, clip, writer_for options, what the log says)
+HOSTILE_AUDIO = [
+    ("over-its-bytes", lambda: _clip(1.0, 1.0, audio_pad=60_000), {},
+     "without the source's audio: .*audio holds more than"),
+    ("past-its-time", lambda: media.video_clip(1.0, 10, container="webm"),
+     {"audio_timeout": 0.0}, "without the source's audio: .*audio took more than"),
+    ("all-packets-garbled", lambda: _clip(1.0, 1.0, container="webm", video_codec="libvpx",
+                                          audio_codec="libopus", audio_garble=1),
+     {}, "without the source's audio|without them"),
+]
+
+
+@pytest.mark.parametrize("name, make, options, logged", HOSTILE_AUDIO,
+                         ids=[name for name, *_ in HOSTILE_AUDIO])
+def test_a_hostile_audio_track_costs_the_audio_not_the_video(name, make, options, logged,
+                                                               caplog):
+    """The helper refuses the track (or is killed past its time): the video converts
+    without it, frame for frame, and the log says so."""
+    source = make()
+    info = probe(source, LIMITS, DECODE)
+    frames_in = list(frames(source, info, LIMITS, DECODE, size=96))
+    killed = frames_helper.POOL.killed
+    with caplog.at_level("WARNING", logger="flask_animegan.jobs.encoders"):
+        writer, _, written = _write(source, info, frames_in, **options)
+    assert re.search(logged, caplog.text), caplog.text
+    assert frames_helper.POOL.killed == killed + ("audio_timeout" in options)
+    after = video(written)
+    assert len(after["times"]) == len(frames_in) == info.frames
+    if writer.audio == "dropped":
+        assert writer.audio_error and after["audio"] is None
+    else:  # garbled Opus the decoder conceals: what it kept, within its time
+        assert after["audio"]["end"] <= after["end"] + AUDIO_OVERRUN_S + 0.05

@@ -341,3 +341,217 @@ def test_corrupt_inputs_in_the_helper_never_time_out_nor_kill_it(name):
     isolated = [_outcome(body, True) for _, body in variants]
     assert frames_helper.POOL.killed == killed
     assert isolated == [_outcome(body, False) for _, body in variants]
+
+
+# -- audio: made into a track of its own in the helper ------------------------------------
+def _audio_packets(data: bytes) -> list[tuple[bytes, float, float]]:
+    """(payload, pts, duration) in seconds of every packet of the first audio stream."""
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        return [(bytes(p), float(p.pts * p.time_base), float(p.duration * p.time_base))
+                for p in container.demux(stream) if p.dts is not None]
+
+
+def _span(packets: list[tuple[bytes, float, float]]) -> float:
+    return max(t + d for _, t, d in packets) - min(t for _, t, _ in packets)
+
+
+def extract(data: bytes, isolated: bool, **options) -> media.AudioTrack | None:
+    info = media.probe(data, LIMITS, DECODE)
+    if isolated:
+        return frames_helper.isolated_audio(data, info, LIMITS, options.pop("timeout", 20),
+                                            **options)
+    return media.audio(data, info, LIMITS)
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+@pytest.mark.parametrize("container", ["mp4", "mov", "webm"])
+def test_audio_track_round_trip(container, isolated):
+    """AAC (MP4, MOV) comes back packet for packet, Opus (WebM) as AAC; the same span within
+    50 ms either way."""
+    data = clips.video_clip(seconds=1.5, fps=10, container=container)
+    track = extract(data, isolated)
+    assert track is not None and track.complete
+    source, made = _audio_packets(data), _audio_packets(track.data)
+    if container == "webm":
+        assert (track.codec, track.transcoded) == ("opus", True)
+    else:
+        assert (track.codec, track.transcoded) == ("aac", False)
+        assert made == source
+    assert abs(_span(made) - _span(source)) <= 0.050
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+def test_a_silent_video_has_no_track(isolated):
+    assert extract(clips.video_clip(0.5, fps=10, audio=False), isolated) is None
+
+
+def _clip_with_audio(video_seconds: float, audio_seconds: float, pad: int = 0) -> bytes:
+    """A 10 fps MP4 with an AAC tone of ``audio_seconds``, each packet ``pad`` seeded random
+    bytes longer than the encoder made it (a copy never decodes them: only the size counts)."""
+    import io
+    import random
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    rng = random.Random(27)
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mp4") as out:
+        video = out.add_stream("libx264", rate=10)
+        video.width, video.height, video.pix_fmt = 96, 64, "yuv420p"
+        video.options = {"preset": "ultrafast"}
+        sound = out.add_stream("aac", rate=clips.AUDIO_RATE, layout="mono")
+        for index, image in enumerate(clips.camera_move(round(video_seconds * 10))):
+            frame = av.VideoFrame.from_ndarray(np.asarray(image), format="rgb24")
+            frame.pts, frame.time_base = index, Fraction(1, 10)
+            out.mux(video.encode(frame))
+        out.mux(video.encode(None))
+        for tone in [*clips._tone(audio_seconds, 1024), None]:
+            for packet in sound.encode(tone):
+                if pad:
+                    fat = av.Packet(bytes(packet) + rng.randbytes(pad))
+                    fat.pts, fat.dts, fat.duration = packet.pts, packet.dts, packet.duration
+                    fat.time_base, fat.stream = packet.time_base, sound
+                    packet = fat
+                out.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+def test_audio_past_the_video_is_cut_in_the_track(isolated):
+    """A 0.5 s video with 20 s of audio: the track ends AUDIO_OVERRUN_S after the video."""
+    track = extract(_clip_with_audio(0.5, 20.0), isolated)
+    assert track is not None
+    end = max(t + d for _, t, d in _audio_packets(track.data))
+    assert 0.5 + media.AUDIO_OVERRUN_S - 0.05 <= end <= 0.5 + media.AUDIO_OVERRUN_S + 0.05
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+def test_an_audio_track_over_its_byte_budget_is_refused(isolated):
+    """60 KB packets, 47 a second (2.8 MB/s, ten times AUDIO_BYTES_PER_S): 413 once the
+    track passes audio_budget's bytes, with the helper alive for the next request."""
+    data = _clip_with_audio(1.0, 1.0, pad=60_000)
+    killed = frames_helper.POOL.killed
+    with pytest.raises(ImageTooLarge, match="audio holds more than"):
+        extract(data, isolated)
+    assert frames_helper.POOL.killed == killed
+    assert extract(clips.video_clip(0.5, fps=10), isolated) is not None
+
+
+def test_an_audio_helper_past_its_time_is_killed():
+    data = clips.video_clip(1.0, fps=10, container="webm")
+    killed = frames_helper.POOL.killed
+    with pytest.raises(ImageTooLarge, match="audio took more than"):
+        extract(data, True, timeout=0.0)
+    assert frames_helper.POOL.killed == killed + 1
+    assert extract(data, True) is not None  # a new helper answers the next
+
+
+def test_an_audio_helper_out_of_memory_fails_clearly():
+    """A 5 s video whose 1.4 MB track is within its byte budget, under an address-space
+    limit of 256 KiB: the helper answers (or dies, and is replaced) with a 4xx error."""
+    data = _clip_with_audio(5.0, 5.0, pad=6_000)
+    with pytest.raises((ImageTooLarge, BadImage)):
+        extract(data, True, memory=256 << 10)
+    assert extract(data, True) is not None
+
+
+def _audio_flips(container: str, count: int) -> list[tuple[str, bytes]]:
+    """Seeded flips of 1-4 bits inside the audio packets' bytes only (their offsets in the
+    file, as the demuxer reports them)."""
+    import io
+    import random
+
+    import av
+
+    data = clips.video_clip(0.6, fps=10, size=(32, 24), container=container)
+    with av.open(io.BytesIO(data)) as source:
+        spans = [(p.pos, p.size) for p in source.demux(source.streams.audio[0])
+                 if p.dts is not None and p.pos is not None and p.pos >= 0 and p.size]
+    rng = random.Random(27)
+    variants = []
+    for _ in range(count):
+        body = bytearray(data)
+        names = []
+        for _ in range(rng.choice((1, 2, 4))):
+            pos, size = rng.choice(spans)
+            at, bit = pos + rng.randrange(size), 1 << rng.randrange(8)
+            body[at] ^= bit
+            names.append(f"@{at}^{bit}")
+        variants.append((" ".join(names), bytes(body)))
+    return variants
+
+
+def _garbled_audio_clip(container: str, every: int, seed: int) -> bytes:
+    """A 0.6 s clip (32x24, 10 fps) whose every ``every``-th audio packet is replaced by as
+    many seeded random bytes, muxed as a valid packet: a sound container, hostile codec data."""
+    import io
+    import random
+
+    import av
+
+    data = clips.video_clip(0.6, fps=10, size=(32, 24), container=container)
+    rng = random.Random(seed)
+    buffer = io.BytesIO()
+    with av.open(io.BytesIO(data)) as source, \
+            av.open(buffer, "w", format="mp4" if container == "mp4" else "webm") as out:
+        streams = {s.index: out.add_stream_from_template(s) for s in source.streams
+                   if s.type in ("video", "audio")}
+        audio_index = source.streams.audio[0].index
+        count = 0
+        for packet in source.demux():
+            index = packet.stream.index
+            if packet.dts is None or index not in streams:
+                continue
+            if index == audio_index:
+                if count % every == 0:
+                    garbled = av.Packet(rng.randbytes(packet.size))
+                    garbled.pts, garbled.dts = packet.pts, packet.dts
+                    garbled.duration, garbled.time_base = packet.duration, packet.time_base
+                    packet = garbled
+                count += 1
+            packet.stream = streams[index]
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+AUDIO_CLASSES = {
+    "aac-bit-flips": lambda: [body for _, body in _audio_flips("mp4", 40)],
+    "opus-bit-flips": lambda: [body for _, body in _audio_flips("webm", 40)],
+    "aac-garbled": lambda: [_garbled_audio_clip("mp4", every, seed)
+                            for every in (1, 2, 5) for seed in range(3)],
+    "opus-garbled": lambda: [_garbled_audio_clip("webm", every, seed)
+                             for every in (1, 2, 5) for seed in range(3)],
+}
+
+
+def _audio_outcome(data: bytes, isolated: bool) -> str:
+    try:
+        track = extract(data, isolated)
+    except EXPECTED as exc:
+        return exc.__class__.__name__
+    if track is None:
+        return "none"
+    return "complete" if track.complete else "cut"
+
+
+@pytest.mark.parametrize("name", sorted(AUDIO_CLASSES))
+def test_hostile_audio_packets_give_a_track_or_a_clear_error(name):
+    """Bit flips in the audio packets' bytes, and packets replaced by random bytes: copied
+    AAC is copied as it is (never decoded: nothing to refuse); Opus, decoded for the
+    transcode, loses the packets its decoder refuses. The helper gives the same answers as
+    this process and is never killed."""
+    variants = AUDIO_CLASSES[name]()
+    killed = frames_helper.POOL.killed
+    isolated = [_audio_outcome(body, True) for body in variants]
+    assert frames_helper.POOL.killed == killed
+    assert isolated == [_audio_outcome(body, False) for body in variants]
+    assert set(isolated) <= {"complete", "cut", "none", "BadImage", "ImageTooLarge"}, isolated
+    if name.startswith("aac"):
+        assert set(isolated) == {"complete"}

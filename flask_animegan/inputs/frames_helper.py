@@ -1,19 +1,20 @@
 """Probing and decoding animations and videos in a helper process, with time and memory
-limits: :func:`isolated_probe` and :func:`isolated_frames`, the isolated versions of
-:func:`.media.probe` and :func:`.media.frames`.
+limits: :func:`isolated_probe`, :func:`isolated_frames` and :func:`isolated_audio`, the
+isolated versions of :func:`.media.probe`, :func:`.media.frames` and :func:`.media.audio`.
 
 The helper is ``python -m flask_animegan.inputs.frames_helper`` (Pillow, NumPy and PyAV;
 never torch nor Flask). As :mod:`.helper` does, it reads one request at a time from
 stdin and writes its answers to stdout:
 
-* request: ``>II`` (header length, data length), a JSON header (``op``: "probe" or
-  "frames"; ``limits``, ``decode``, ``memory``; for frames ``info``, ``size``, ``square``),
-  then the file's bytes;
+* request: ``>II`` (header length, data length), a JSON header (``op``: "probe",
+  "frames" or "audio"; ``limits``, ``decode``, ``memory``; for frames ``info``, ``size``,
+  ``square``; for audio ``info``), then the file's bytes;
 * answers: ``>II`` (header length, payload length) and a JSON header, then the payload.
   A probe answers once (``ok``, ``info``). Frames answer once a frame (``ok``, ``frame``:
   index, width, height, duration_ms, disposal, pts; the payload is the fitted frame's RGB
-  pixels), then ``ok`` with ``end``. An error ends either: ``ok: false``, ``error`` (the
-  exception's class name), ``message``.
+  pixels), then ``ok`` with ``end``. Audio answers once (``ok``, ``audio``: null, or the
+  track's codec, transcoded and complete; the payload is its M4A). An error ends any of
+  them: ``ok: false``, ``error`` (the exception's class name), ``message``.
 
 The request runs under an address-space limit of ``memory`` bytes above what the helper
 already uses. Frames are written as they are decoded and the pipe holds about one, so
@@ -50,7 +51,7 @@ from ..process import configure_decoding
 from . import media
 from .decoding import DecodeLimits
 from .helper import FRAME, read_exact
-from .media import Frame, MediaInfo, MediaLimits
+from .media import AudioTrack, Frame, MediaInfo, MediaLimits
 
 _ERRORS: dict[str, type[ConversionError]] = {
     cls.__name__: cls for cls in (BadImage, ImageTooLarge, UnsupportedImage)}
@@ -247,6 +248,42 @@ def isolated_frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: D
             POOL.discard(helper)
 
 
+def audio_memory(info: MediaInfo, limits: MediaLimits) -> int:
+    """The address-space allowance for extracting ``info``'s audio: the track twice (the
+    M4A being written and its copy in the answer), the demuxer's buffers and the slack."""
+    return 2 * media.audio_budget(info, limits)[1] + _PROBE_BYTES + SLACK_BYTES
+
+
+def isolated_audio(data: bytes, info: MediaInfo, limits: MediaLimits, timeout: float, *,
+                   memory: int | None = None) -> AudioTrack | None:
+    """:func:`.media.audio` in a helper process, killed after ``timeout`` s (ImageTooLarge)
+    or when it dies for memory; the MP4 writer muxes from the track it returns, so the
+    upload's audio is parsed, decoded and transcoded only here."""
+    if info.kind != "video" or not info.has_audio:
+        return None
+    header = {"op": "audio", "limits": asdict(limits), "decode": asdict(DecodeLimits()),
+              "info": asdict(info), "memory": memory or audio_memory(info, limits)}
+    helper = POOL.take()
+    try:
+        helper.send(header, data)
+        answer, payload = helper.receive(time.monotonic() + timeout)
+    except TimeoutError:
+        POOL.discard(helper)
+        raise ImageTooLarge(f"the video's audio took more than {timeout:g} s to read; "
+                            "send it with a shorter or simpler audio track") from None
+    except (OSError, EOFError, ValueError):
+        POOL.discard(helper)
+        raise _failure(helper, "audio track") from None
+    POOL.give_back(helper)
+    if not answer["ok"]:
+        raise _ERRORS.get(answer["error"], BadImage)(answer["message"])
+    track = answer["audio"]
+    if track is None:
+        return None
+    return AudioTrack(payload, str(track["codec"]), bool(track["transcoded"]),
+                      bool(track["complete"]))
+
+
 def frame_of(header: dict[str, Any], pixels: bytes) -> Frame:
     image = Image.frombytes("RGB", (int(header["width"]), int(header["height"])), pixels)
     return Frame(index=int(header["index"]), image=image,
@@ -329,6 +366,15 @@ def _run(out: BinaryIO, request: dict[str, Any], data: bytes, limits: MediaLimit
         _answer(out, {"ok": True, "info": asdict(info)})
         return
     info = MediaInfo(**request["info"])
+    if request["op"] == "audio":
+        track = media.audio(data, info, limits)
+        if track is None:
+            _answer(out, {"ok": True, "audio": None})
+        else:
+            _answer(out, {"ok": True, "audio": {"codec": track.codec,
+                                                "transcoded": track.transcoded,
+                                                "complete": track.complete}}, track.data)
+        return
     for frame in media.frames(data, info, limits, decode, size=int(request["size"]),
                               square=bool(request["square"])):
         head = {"index": frame.index, "width": frame.image.width,

@@ -12,6 +12,11 @@ again while it decodes: a file whose header lied stops at the limit with ImageTo
 * Videos (MP4, MOV, WebM, Matroska) go through PyAV (FFmpeg), one video stream, the
   codecs in :data:`VIDEO_CODECS` only.
 
+A video's audio is made ready for the MP4 writer by :func:`audio` (in the helper process
+too): its packets copied into a small M4A of their own, or transcoded to AAC when an MP4
+cannot hold them, cut after the video and capped in bytes, so the writer never reads the
+upload.
+
 Durations: a frame of 10 ms or less (0 included, and APNG's negative or undefined ones)
 is shown for 100 ms, as browsers show GIFs, so a "1,000 fps" animation plays at 10 fps.
 Everything here needs Pillow, NumPy and PyAV only: it also runs in the helper process of
@@ -20,6 +25,7 @@ Everything here needs Pillow, NumPy and PyAV only: it also runs in the helper pr
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import struct
@@ -85,6 +91,18 @@ class MediaInfo:
     has_audio: bool
     #: times an animation plays (0: forever; None: once, no loop block); None for videos
     loop: int | None
+
+
+@dataclass(frozen=True)
+class AudioTrack:
+    """A video's audio as :func:`audio` made it: one stream in an M4A of its own, with the
+    times of the source (counted from the video's first frame), ready to be copied into the
+    MP4 result packet for packet."""
+
+    data: bytes  # the M4A
+    codec: str  # the source's codec (FFmpeg's name)
+    transcoded: bool  # True: decoded and encoded as AAC; False: the source's packets
+    complete: bool  # False: damaged packets were left out, or the track ended at one
 
 
 @dataclass
@@ -489,3 +507,138 @@ def _video_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int,
                 image = image.transpose(turn)
             yield Frame(index, decoding.fit(image, size, square=square),
                         normal_duration(1000 * seconds), None, pts)
+
+
+# -- audio -----------------------------------------------------------------------------
+#: Audio codecs an MP4 takes as they are (the packets copied); any other (Opus and Vorbis
+#: from WebM, PCM from MOV) is transcoded to AAC, which every browser plays in an MP4.
+MP4_AUDIO_COPIED = frozenset({"aac", "mp3", "alac", "ac3", "eac3"})
+#: How far the audio may run past the video's end, in seconds.
+AUDIO_OVERRUN_S = 1.0
+#: Bytes of audio a second may bring (2 Mbit/s: lossless ALAC stereo fits, AAC and AC-3
+#: take a third of it or less), plus a fixed allowance; each packet counts its index entry.
+AUDIO_BYTES_PER_S = 256_000
+AUDIO_FIXED_BYTES = 256 << 10
+AUDIO_PACKET_BYTES = 32
+#: Sample rates the AAC encoder takes; a transcoded track at another rate goes to 48 kHz.
+_AAC_RATES = frozenset({8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000,
+                        64000, 88200, 96000})
+AAC_BIT_RATE = 128_000
+
+
+def audio_budget(info: MediaInfo, limits: MediaLimits) -> tuple[float, int]:
+    """How much audio :func:`audio` keeps of ``info``'s video: (seconds, bytes)."""
+    seconds = min(info.duration_s, limits.max_seconds) + AUDIO_OVERRUN_S
+    return seconds, int(AUDIO_BYTES_PER_S * seconds) + AUDIO_FIXED_BYTES
+
+
+def audio(data: bytes, info: MediaInfo, limits: MediaLimits) -> AudioTrack | None:
+    """The video's first audio stream as an :class:`AudioTrack` (None: it has none), cut
+    :data:`AUDIO_OVERRUN_S` after the video's end and at most :func:`audio_budget`'s bytes
+    (ImageTooLarge past them). A packet the decoder refuses (when transcoding) is left out
+    and damaged container data ends the track; either makes ``complete`` False. BadImage
+    when the container cannot be read at all; None when no packet could be kept."""
+    if info.kind != "video" or not info.has_audio:
+        return None
+    demuxer = _video_demuxer(data)
+    if demuxer is None:
+        raise BadImage(f"the file is not a video; {MEDIA_HINT}")
+    try:
+        with _open_video(data, demuxer) as container:
+            if not container.streams.audio:
+                return None
+            return _remux_audio(container, info, limits)
+    except ConversionError:
+        raise
+    except MemoryError:
+        raise ImageTooLarge("the video's audio needs more memory to read than this server "
+                            "allows; send a smaller file") from None
+    except Exception as exc:  # noqa: BLE001 - FFmpeg's errors for corrupt containers
+        raise BadImage(f"the video's audio cannot be read ({exc.__class__.__name__})") from None
+
+
+class _Track:
+    """The M4A being made: packets in increasing dts (an out-of-order one is left out: the
+    MP4 muxer refuses it), counted against the byte budget."""
+
+    def __init__(self, out: Any, stream: Any, seconds: float, budget: int) -> None:
+        self.out, self.stream, self.seconds, self.budget = out, stream, seconds, budget
+        self.written = self.packets = 0
+        self.last_dts: int | None = None
+        self.complete = True
+
+    def put(self, packet: Any) -> None:
+        if self.last_dts is not None and packet.dts is not None and packet.dts <= self.last_dts:
+            self.complete = False
+            return
+        self.last_dts = packet.dts
+        self.written += packet.size + AUDIO_PACKET_BYTES
+        if self.written > self.budget:
+            raise ImageTooLarge(f"the video's audio holds more than {self.budget:,} bytes in "
+                                f"its first {self.seconds:g} s; send it with a smaller audio "
+                                "track")
+        packet.stream = self.stream
+        self.out.mux(packet)
+        self.packets += 1
+
+
+def _remux_audio(container: Any, info: MediaInfo, limits: MediaLimits) -> AudioTrack | None:
+    import av.error
+
+    source = container.streams.audio[0]
+    codec = source.codec_context.name
+    time_base = source.time_base
+    if not time_base:
+        raise BadImage("the video's audio stream has no time base")
+    # the frames count from the first video frame (see _video_frames): the audio moves too
+    video = container.streams.video[0] if container.streams.video else None
+    shift = 0
+    if video is not None and video.start_time and video.time_base:
+        shift = round(video.start_time * video.time_base / time_base)
+    transcoded = codec not in MP4_AUDIO_COPIED
+    buffer = io.BytesIO()
+    out = av.open(buffer, "w", format="mp4")
+    try:
+        if transcoded:
+            rate = source.codec_context.sample_rate or 48_000
+            stream = out.add_stream("aac", rate=rate if rate in _AAC_RATES else 48_000,
+                                    layout="mono" if source.codec_context.channels == 1
+                                    else "stereo")
+            stream.bit_rate = AAC_BIT_RATE
+        else:
+            stream = out.add_stream_from_template(source)
+        track = _Track(out, stream, *audio_budget(info, limits))
+        try:
+            for packet in container.demux(source):
+                if packet.dts is None:  # the demuxer's final empty packet
+                    continue
+                at = (packet.pts if packet.pts is not None else packet.dts) - shift
+                if at * time_base > track.seconds:
+                    break
+                packet.dts -= shift
+                if packet.pts is not None:
+                    packet.pts -= shift
+                if not transcoded:
+                    track.put(packet)
+                    continue
+                try:
+                    decoded = source.codec_context.decode(packet)
+                except av.error.FFmpegError:
+                    track.complete = False  # a packet its decoder refuses is left out
+                    continue
+                for frame in decoded:
+                    for encoded in stream.encode(frame):
+                        track.put(encoded)
+        except av.error.FFmpegError:
+            track.complete = False  # a damaged container: what came before is kept
+        if transcoded:
+            for encoded in stream.encode(None):
+                track.put(encoded)
+        out.close()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            out.close()
+        raise
+    if not track.packets:
+        return None
+    return AudioTrack(buffer.getvalue(), codec, transcoded, track.complete)

@@ -9,8 +9,8 @@ result's size plus one frame, whatever the number of frames:
 - GIF: one palettised copy of the frame (1 byte a pixel) and its LZW data; the result is at most
   about frames x (width x height + 800) bytes.
 - WebP, APNG: the frame's still WebP or PNG encoding.
-- MP4: libx264's lookahead, a fixed number of frames in YUV 4:2:0 (1.5 bytes a pixel), and one
-  audio packet or frame.
+- MP4: libx264's lookahead, a fixed number of frames in YUV 4:2:0 (1.5 bytes a pixel), one
+  audio packet, and the audio track the helper made (at most :func:`.media.audio_budget`).
 
 The animation writers write the containers themselves (Pillow encodes each frame) because
 Pillow's ``save_all`` keeps every frame until the end and merges a frame identical to the one
@@ -39,8 +39,9 @@ import av.error
 import numpy as np
 from PIL import GifImagePlugin, Image
 
-from ..errors import BadImage
+from ..errors import ConversionError
 from ..inputs import formats
+from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack, MediaLimits
 
 if TYPE_CHECKING:
     from av.audio.stream import AudioStream
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from ..inputs.media import MediaInfo
 
 __all__ = [
+    "AUDIO_OVERRUN_S",
+    "AUDIO_TIMEOUT_S",
     "MP4_AUDIO_COPIED",
     "ApngWriter",
     "FrameWriter",
@@ -64,12 +67,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Audio codecs copied into the MP4 packet for packet; any other codec (Opus and Vorbis from
-#: WebM, PCM from MOV) is transcoded to AAC, which every browser plays in MP4.
-MP4_AUDIO_COPIED = frozenset({"aac", "mp3", "alac", "ac3", "eac3"})
-#: How far the copied audio may run past the last video frame, in seconds: a source whose audio
-#: goes on longer is cut there, so a small upload cannot make a long result.
-AUDIO_OVERRUN_S = 1.0
+#: Seconds the helper may take to make a video's audio track (a copy takes milliseconds, a
+#: transcode of 30 s well under one).
+AUDIO_TIMEOUT_S = 15.0
 #: The MP4's video time base: 90 kHz is a whole number of ticks for every usual frame rate
 #: (24, 25, 30000/1001, 50, 60) and for every millisecond.
 VIDEO_TIME_BASE = Fraction(1, 90_000)
@@ -90,14 +90,34 @@ class FrameWriter(Protocol):
     def close(self) -> None: ...
 
 
-def writer_for(info: MediaInfo, source: bytes, *, quality: int) -> tuple[FrameWriter, str]:
+def writer_for(info: MediaInfo, source: bytes, *, quality: int,
+               limits: MediaLimits | None = None,
+               audio_timeout: float = AUDIO_TIMEOUT_S) -> tuple[FrameWriter, str]:
     """The writer for an upload probed as ``info`` and the result's MIME type.
 
-    ``source`` is the upload itself: an MP4's writer copies its audio stream from it.
+    ``source`` is the upload itself: for a video with audio, the frames helper process makes
+    the audio track of it (:func:`.frames_helper.isolated_audio`, within ``limits`` and
+    ``audio_timeout`` s); a track the helper cannot make (corrupt, too large, too slow) is
+    left out, the video converted without it, and logged (:attr:`Mp4Writer.audio` "dropped").
     ``quality`` (1-100, as for stills) sets the WebP quality and the MP4's constant rate factor.
     """
     if info.kind == "video":
-        return Mp4Writer(source, quality=quality), "video/mp4"
+        track, error = None, None
+        if info.has_audio:
+            from ..inputs.frames_helper import isolated_audio
+
+            try:
+                track = isolated_audio(source, info, limits or MediaLimits(), audio_timeout)
+                if track is None:
+                    error = "its audio stream holds no packet that could be read"
+            except ConversionError as exc:
+                error = str(exc)
+            if error:
+                log.warning("the MP4 is written without the source's audio: %s", error)
+            elif track is not None and not track.complete:
+                log.warning("the source's audio had damaged packets: the MP4 is written "
+                            "without them")
+        return Mp4Writer(track, fps=info.fps, quality=quality, audio_error=error), "video/mp4"
     if info.kind != "animation":
         raise ValueError(f"no frame writer for a {info.kind}: stills take the photo path")
     if info.format == "GIF":
@@ -342,38 +362,43 @@ def _even(image: Image.Image) -> Image.Image:
 
 class Mp4Writer:
     """MP4 with H.264 (libx264, yuv420p, even sides), each frame at the source's presentation
-    time (``pts``, seconds) or, without one, after the previous frame's duration; the source's
-    first audio stream copied packet for packet (:data:`MP4_AUDIO_COPIED`), or transcoded to
-    AAC when its codec has no place in an MP4 browsers play (:attr:`audio` says which, and it is
-    logged). Audio and video are interleaved as they are written.
+    time (``pts``, seconds) or, without one, after the previous frame's duration; and the
+    source's audio from ``audio``, the track the helper process made of it
+    (:func:`.frames_helper.isolated_audio`: the source's packets, or AAC transcoded there),
+    copied packet for packet and interleaved with the video as it is written, cut
+    :data:`AUDIO_OVERRUN_S` after the last frame. The writer never reads the upload.
+
+    :attr:`audio` says what became of the source's audio: "none" (it had none), "copied",
+    "transcoded", or "dropped" (the helper could not extract it: :attr:`audio_error` says why).
 
     One thread for libx264: the job's worker already gives its cores to the inference."""
 
-    def __init__(self, source: bytes, *, quality: int) -> None:
+    def __init__(self, audio: AudioTrack | None, *, fps: float | None = None, quality: int,
+                 audio_error: str | None = None) -> None:
         self._crf = crf_for(quality)
-        try:
-            self._source: InputContainer = av.open(io.BytesIO(source), "r")
-        except av.error.FFmpegError as exc:  # probe read it: only a changed upload gets here
-            raise BadImage(f"the video could not be opened again for its audio ({exc})") from None
+        self._rate = Fraction(fps).limit_denominator(1001) if fps and fps > 0 else Fraction(25)
+        self._source: InputContainer | None = None
+        self._in_audio: AudioStream | None = None
+        #: "none", "copied", "transcoded" or "dropped": what became of the source's audio
+        self.audio = "dropped" if audio_error else "none"
+        #: why the audio was dropped (None when it was not)
+        self.audio_error = audio_error
+        #: the source audio codec's name ("" without audio)
+        self.audio_codec = audio.codec if audio is not None else ""
+        if audio is not None:
+            try:  # the helper's own M4A: only a bug gets an error here
+                self._source = av.open(io.BytesIO(audio.data), "r")
+                self._in_audio = self._source.streams.audio[0]
+                self.audio = "transcoded" if audio.transcoded else "copied"
+            except (av.error.FFmpegError, IndexError) as exc:
+                self.audio, self.audio_error = "dropped", f"its track could not be read ({exc})"
+                log.warning("the MP4 is written without the source's audio: %s", self.audio_error)
+                self._close_source()
         # a named file: faststart (the index before the data, so browsers play it as it
         # downloads) reopens the output by its name
         self._file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by close()
             prefix="animegan-", suffix=".mp4")
-        videos = self._source.streams.video
-        rate = videos[0].average_rate if videos else None
-        self._rate = Fraction(rate) if rate else Fraction(25)
-        audios = self._source.streams.audio
-        self._in_audio: AudioStream | None = audios[0] if audios else None
-        # the frames' times count from the first video frame: the audio moves with them
-        start = videos[0].start_time if videos else None
-        self._audio_shift = (round(start * videos[0].time_base / self._in_audio.time_base)
-                             if start and self._in_audio is not None
-                             and videos[0].time_base and self._in_audio.time_base else 0)
         self._packets: Iterator[Packet[AudioStream]] | None = None
-        #: "none", "copied" or "transcoded": what became of the source's audio
-        self.audio = "none"
-        #: the source audio codec's name ("" without audio)
-        self.audio_codec = self._in_audio.codec_context.name if self._in_audio else ""
         self._out: OutputContainer | None = None
         self._video: VideoStream | None = None
         self._out_audio: AudioStream | None = None
@@ -392,15 +417,9 @@ class Mp4Writer:
         video.codec_context.thread_count = 1
         video.options = {"crf": str(self._crf), "preset": X264_PRESET}
         self._out, self._video = out, video
-        if self._in_audio is not None:
-            if self.audio_codec in MP4_AUDIO_COPIED:
-                self._out_audio = out.add_stream_from_template(self._in_audio)
-                self.audio = "copied"
-            else:
-                self._out_audio = out.add_stream("aac", rate=self._in_audio.rate or 48_000,
-                                                 layout=self._in_audio.layout.name)
-                self._out_audio.bit_rate = 128_000
-                self.audio = "transcoded"
+        if self._source is not None and self._in_audio is not None:
+            self._out_audio = out.add_stream_from_template(self._in_audio)
+            if self.audio == "transcoded":
                 log.info("the source's %s audio cannot go in an MP4 as it is: transcoded to AAC",
                          self.audio_codec)
             self._packets = self._source.demux(self._in_audio)
@@ -436,9 +455,9 @@ class Mp4Writer:
                 self._pump_audio(float(packet.dts * packet.time_base))
 
     def _pump_audio(self, until: float, limit: float | None = None) -> None:
-        """Write the source's audio up to ``until`` seconds (interleaving it with the video);
-        with a ``limit``, the rest of it up to there, then end the audio stream."""
-        if self._packets is None or self._in_audio is None:
+        """Copy the track's packets up to ``until`` seconds (interleaving them with the
+        video); with a ``limit``, the rest of them up to there, then end the audio."""
+        if self._packets is None:
             return
         assert self._out is not None and self._out_audio is not None
         try:
@@ -447,34 +466,15 @@ class Mp4Writer:
                     continue
                 at = (float(packet.pts * packet.time_base)
                       if packet.pts is not None and packet.time_base is not None else until)
-                at -= float(self._audio_shift * packet.time_base) if packet.time_base else 0.0
                 if limit is not None and at > limit:
                     break
-                if self._audio_shift:
-                    packet.pts = None if packet.pts is None else packet.pts - self._audio_shift
-                    packet.dts -= self._audio_shift
-                if self.audio == "copied":
-                    packet.stream = self._out_audio
-                    self._out.mux(packet)
-                else:
-                    for decoded in self._in_audio.codec_context.decode(packet):
-                        self._out.mux(self._out_audio.encode(decoded))
+                packet.stream = self._out_audio
+                self._out.mux(packet)
                 if limit is None and at >= until:
                     return
-        except av.error.FFmpegError as exc:
-            log.warning("the source's audio stopped at a damaged packet: %s", exc)
+        except av.error.FFmpegError as exc:  # the helper's M4A: only a bug gets here
+            log.warning("the video's audio stopped early: %s", exc)
         self._packets = None
-        self._flush_audio()
-
-    def _flush_audio(self) -> None:
-        if self.audio == "transcoded" and self._in_audio is not None:
-            assert self._out is not None and self._out_audio is not None
-            try:
-                for decoded in self._in_audio.codec_context.decode(None):
-                    self._out.mux(self._out_audio.encode(decoded))
-            except av.error.FFmpegError as exc:
-                log.warning("the source's audio ended damaged: %s", exc)
-            self._out.mux(self._out_audio.encode(None))
 
     def finish(self) -> bytes:
         try:
@@ -489,6 +489,11 @@ class Mp4Writer:
         finally:
             self.close()
 
+    def _close_source(self) -> None:
+        if self._source is not None:
+            source, self._source, self._in_audio = self._source, None, None
+            source.close()
+
     def close(self) -> None:
         if self._out is not None:  # abandoned: whatever the file holds goes with it
             out, self._out = self._out, None
@@ -496,5 +501,5 @@ class Mp4Writer:
                 out.close()
             except av.error.FFmpegError:
                 pass
-        self._source.close()
+        self._close_source()
         self._file.close()
