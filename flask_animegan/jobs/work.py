@@ -1,5 +1,6 @@
-"""Running a job: decode each frame, convert it (once for a run of near-identical frames),
-write the output, report progress; and the app's side of jobs, :class:`Jobs`.
+"""Running a job: decode each frame, convert it (once for a run of frames that repeat it,
+by jobs/repeats.py's rule), write the output, report progress; and the app's side of
+jobs, :class:`Jobs`.
 
 :func:`run_job` is the one entry point: RQ imports it by name in ``flask animegan worker``
 processes, the local queue's thread calls it. Both run it in the app's context and reach
@@ -23,14 +24,13 @@ from typing import Any
 from flask import current_app
 from PIL import Image
 
-from ..cache.fingerprint import Fingerprint
 from ..config import Settings
 from ..errors import ConversionError, Overloaded
 from ..inputs import media
 from ..inputs.decoding import DecodeLimits
 from ..inputs.media import Frame, MediaInfo, MediaLimits
 from ..runtime.engine import InferenceEngine
-from . import encoders
+from . import encoders, repeats
 from .queues import JobQueue
 from .records import JobRecord, JobState, JobStore
 
@@ -69,6 +69,9 @@ class Jobs:
         self.queue = queue
         self.engine = engine
         self.decode = decode
+        #: Reuse the last converted frame's result for a frame that repeats it (the rule of
+        #: jobs/repeats.py); bench/jobs.py turns it off to measure the saving.
+        self.reuse_repeats = True
         self.limits = MediaLimits(
             max_frames=settings.max_frames, max_seconds=settings.max_seconds,
             max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels,
@@ -182,7 +185,7 @@ class Jobs:
                                   "send it to POST /animegan/convert")
         record.frames_total = info.frames
         writer, mimetype = encoders.writer_for(info, data, quality=self.settings.jpeg_quality)
-        anchor: Fingerprint | None = None  # of the last frame converted
+        anchor: repeats.Picture | None = None  # the last frame converted
         converted: Image.Image | None = None
         first: Image.Image | None = None
         last_report = started
@@ -195,13 +198,12 @@ class Jobs:
                     raise ConversionError(
                         f"the job took longer than {self.settings.job_timeout} s "
                         "(ANIMEGAN_JOB_TIMEOUT); send a shorter or smaller file")
-                fingerprint = Fingerprint.of(frame.image, self.settings.phash_size)
-                if (converted is not None and anchor is not None
-                        and converted.size == frame.image.size
-                        and fingerprint.same_photo(anchor, self.settings.phash_max_distance)):
+                picture = repeats.Picture.of(frame.image) if self.reuse_repeats else None
+                if picture is not None and converted is not None and repeats.is_repeat(
+                        picture, anchor):
                     record.frames_reused += 1
                 else:
-                    converted, anchor = self._infer(record, frame, style.name), fingerprint
+                    converted, anchor = self._infer(record, frame, style.name), picture
                 if first is None:
                     first = converted
                 writer.add(converted, frame.duration_ms, frame.disposal, pts=frame.pts)
