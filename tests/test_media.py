@@ -555,3 +555,34 @@ def test_hostile_audio_packets_give_a_track_or_a_clear_error(name):
     assert set(isolated) <= {"complete", "cut", "none", "BadImage", "ImageTooLarge"}, isolated
     if name.startswith("aac"):
         assert set(isolated) == {"complete"}
+
+
+def test_a_helper_whose_caller_is_gone_exits_quietly():
+    """A worker killed mid-job leaves its helper writing frames into a pipe nobody reads:
+    it exits at once, status 0, without a traceback in the worker's log."""
+    import json
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    data = clips.gif_from_photos(40, size=(96, 64))
+    info = media.probe(data, LIMITS, DECODE)
+    header = json.dumps({"op": "frames", "limits": asdict(LIMITS), "decode": asdict(DECODE),
+                         "info": asdict(info), "size": 64, "square": False,
+                         "memory": frames_helper.default_memory(DECODE, 64)}).encode()
+    helper = subprocess.Popen([sys.executable, "-m", "flask_animegan.inputs.frames_helper"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    assert helper.stdin is not None and helper.stdout is not None
+    helper.stdin.write(struct.pack(">II", len(header), len(data)) + header + data)
+    helper.stdin.flush()
+    assert helper.stdout.read(8)  # the first frame's answer has begun
+    helper.stdout.close()
+    try:
+        assert helper.wait(timeout=20) == 0
+    finally:
+        helper.kill()
+        helper.stdin.close()
+    stderr = helper.stderr.read()
+    helper.stderr.close()
+    assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr, stderr.decode()

@@ -343,6 +343,8 @@ def _serve(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
                 # Pillow's complaints about hostile files would fill the server's log
                 warnings.simplefilter("ignore", UserWarning)
                 _run(out, request, data, limits, decode)
+        except BrokenPipeError:
+            raise  # the caller is gone (main ends)
         except BadImage as exc:
             # FFmpeg reports a failed allocation as corrupt data: if the decode's own
             # estimate no longer fits under the limit, it was the memory
@@ -399,7 +401,12 @@ def main() -> None:
         data = read_exact(stdin, data_len)
         if head is None or data is None:
             return
-        _serve(out, json.loads(head), data)
+        try:
+            _serve(out, json.loads(head), data)
+        except BrokenPipeError:
+            # the caller stopped reading (it closed the stream or was killed): nothing is
+            # left to answer, and no traceback for its log (nor a flush at exit) is wanted
+            os._exit(0)
 
 
 if __name__ == "__main__":
