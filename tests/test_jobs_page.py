@@ -105,8 +105,8 @@ def test_with_javascript_the_progress_bar_advances_then_the_result_shows(
     screenshot(driver, tmp_path, "job-js-done.png")
 
 
-def test_with_javascript_a_video_shows_as_a_video(server, browser, media_files,
-                                                  tmp_path):  # noqa: F811
+def test_with_javascript_a_video_shows_as_a_video(
+        server, browser, media_files, tmp_path):  # noqa: F811 - the fixture from test_browser
     driver = browser()
     driver.get(f"{server.url}/animegan/")
     driver.find_element("id", "animegan-image").send_keys(str(media_files["mp4"]))
@@ -128,7 +128,7 @@ def test_with_javascript_a_video_shows_as_a_video(server, browser, media_files,
 
 
 def test_without_javascript_the_job_page_refreshes_until_the_result(
-        server, browser, media_files, tmp_path):  # noqa: F811
+        server, browser, media_files, tmp_path):  # noqa: F811 - the fixture from test_browser
     driver = browser(javascript=False)
     driver.get(f"{server.url}/animegan/")
     driver.find_element("id", "animegan-image").send_keys(str(media_files["gif"]))
