@@ -450,3 +450,19 @@ def test_video_without_audio_and_webm_are_jobs_too(jclient):
         assert done["state"] == "done", done
         with av.open(io.BytesIO(jclient.get(done["result_url"]).data)) as container:
             assert container.streams.video[0].codec_context.name == "h264"
+
+
+def test_the_job_api_is_exempt_from_the_sites_csrf_check_and_the_form_is_not(
+        models_dir, openvino_cache):
+    from flask_wtf.csrf import CSRFProtect
+
+    app = build_app(models_dir, openvino_cache, SECRET_KEY="a site's secret")
+    CSRFProtect(app)  # made after AnimeGAN(app), as a site may
+    client = app.test_client()
+    created = post_job(client, gif_from_photos(4), size=str(SIZE))
+    assert created.status_code == 202, created.get_json()
+    cancelled = client.delete(created.headers["Location"])
+    assert cancelled.status_code in (200, 202, 409), cancelled.get_json()
+    form = {"image": (io.BytesIO(gif_from_photos(4)), "cat.gif", "image/gif")}
+    refused = client.post("/animegan/upload", data=form, content_type="multipart/form-data")
+    assert refused.status_code == 400 and "reload the page" in refused.get_data(as_text=True)
