@@ -22,6 +22,7 @@ from .runtime.catalog import known_styles
 from .runtime.engine import InferenceEngine
 from .service import AnimeGANService, get_service
 from .web import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
+from .web import jobs as _jobs  # noqa: F401  registers the job routes on the blueprint
 from .web import limits as ratelimit
 from .web.blueprint import blueprint
 from .web.views import routing_error_response  # the views register their routes
