@@ -110,15 +110,20 @@ def post_fork(server, worker):
 
 def post_worker_init(worker):
     """Runs in each worker after it loaded the app and before it takes requests: load
-    and warm up the model there, so the first request is as fast as the next ones
-    (``init_app`` itself loads nothing, which keeps `flask` CLI commands quick). A
-    worker started by a reload then stops the old worker it replaces."""
+    and warm up the model, so the first conversion is as fast as the next ones
+    (``init_app`` itself loads nothing, which keeps `flask` CLI commands quick). A worker
+    started by a reload warms up first, then stops the old worker it replaces; any other
+    warms up in the background while it already answers (503 until it is ready)."""
     from flask_animegan.service import warm_up_all
 
     _check_threads(worker)
     replaces = getattr(worker, "animegan_replaces", ())
     if not replaces:
-        warm_up_all()
+        # No old worker serves meanwhile (a first start, a restart, a respawn): take
+        # requests at once and warm up in a thread; until it is done, conversions and
+        # /healthz answer 503 with Retry-After, so nginx tries another instance instead
+        # of leaving requests in this one's backlog.
+        warm_up_all(background=True)
         return
     try:
         warm_up_all()

@@ -219,7 +219,8 @@ class Settings:
         choices=ISOLATIONS)
     decode_timeout: float = _setting(
         5.0, float,
-        'Seconds one decode may take in its helper process before it is killed (413).',
+        'Seconds one decode may take in its helper process before it is killed: 413, or 503 '
+        'when the helper had under half of that in CPU time (the load, not the file, was slow).',
         low=0.01, high=HOUR)
     decode_slots: int | None = _setting(
         None, int,

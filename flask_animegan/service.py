@@ -16,7 +16,7 @@ from PIL import Image
 
 from .cache import NearDuplicateCache, ResultStore
 from .config import OUTPUT_FORMATS, Settings
-from .errors import BadParameter, ConversionError
+from .errors import BadParameter, ConversionError, Overloaded
 from .inputs.decoding import fit
 from .inputs.formats import encode
 from .inputs.isolation import Decoder
@@ -36,6 +36,8 @@ FORMAT_ALIASES = {"jpg": "jpeg"}
 #: Eileen Collins, as shipped in scikit-image's ``data.astronaut``).
 SAMPLE_PHOTO = Path(__file__).resolve().parent / "static" / "sample-photo.jpg"
 log = logging.getLogger("flask_animegan")
+#: Seconds a client is told to wait while the model is still loading.
+WARMING_RETRY_AFTER = 5
 #: Every service made in this process, for gunicorn's post_worker_init (warm_up_all).
 _services: weakref.WeakSet[AnimeGANService] = weakref.WeakSet()
 
@@ -72,6 +74,7 @@ class AnimeGANService:
         self._samples_lock = threading.Lock()
         self._warm_lock = threading.Lock()
         self.warmed_up = False
+        self.warming = False  # warm_up_in_background is running
         _services.add(self)
 
     # settings the views and templates read
@@ -186,8 +189,33 @@ class AnimeGANService:
         scope = client if self.settings.cache_scope == "client" else None
         return self.pipeline.convert(data, chosen, size, fmt, scope=scope)
 
+    def warm_up_in_background(self) -> threading.Thread:
+        """Warm up in a thread of its own while the server already answers: meanwhile
+        conversions and samples answer 503 with Retry-After at once and ``/healthz`` says
+        ``warming`` (503), so a load balancer sends the traffic elsewhere instead of
+        leaving it in this instance's backlog (gunicorn.conf.py, for a worker that
+        replaces no other: a first start, a restart, a respawn)."""
+        self.warming = True
+
+        def run() -> None:
+            try:
+                self.warm_up()
+            except Exception:  # noqa: BLE001 - logged; /healthz then says no_model
+                log.exception("flask_animegan: warming up failed; conversions will answer 503")
+                self._model = None
+                self.warmed_up = True
+            finally:
+                self.warming = False
+
+        thread = threading.Thread(target=run, name="animegan-warm-up", daemon=True)
+        thread.start()
+        return thread
+
     def _ready(self) -> None:
         if not self.warmed_up:
+            if self.warming:
+                raise Overloaded("this server is still loading its model; try again in "
+                                 f"{WARMING_RETRY_AFTER} s", WARMING_RETRY_AFTER)
             self.warm_up()
 
     def style_sample(self, name: str) -> bytes:
@@ -196,6 +224,12 @@ class AnimeGANService:
         Converted at twice the sample's size, then scaled down: a style's lines and flat
         regions read at thumbnail size, where converting a 128-px photo smears them.
         """
+        if self.warming and not self.warmed_up:  # its model is loading: no seconds' wait
+            raise Overloaded("this server is still loading its model; try again in "
+                             f"{WARMING_RETRY_AFTER} s", WARMING_RETRY_AFTER)
+        return self._sample(name)
+
+    def _sample(self, name: str) -> bytes:
         sample = self._samples.get(name)
         if sample is None:
             chosen = self.engine.style(name)
@@ -216,7 +250,7 @@ class AnimeGANService:
             return
         for name in self.engine.styles:
             try:
-                self.style_sample(name)
+                self._sample(name)
             except ConversionError:
                 pass
 
@@ -283,7 +317,8 @@ class AnimeGANService:
         return problems
 
     def health(self, details: bool = True) -> dict[str, Any]:
-        """``{"status": ...}`` (ok, degraded, no_model); with ``details``, the engine's state.
+        """``{"status": ...}`` (ok, degraded, warming, no_model); with ``details``, the
+        engine's state. ``warming``: the model is still loading (warm_up_in_background).
 
         ``degraded``: a style is broken, or a store (the cache's, the result pages' or the
         rate-limit counts' Redis) is unreachable or full, so conversions go on without it
@@ -292,7 +327,9 @@ class AnimeGANService:
         engine = self.engine.status()
         storage = self.storage_status()
         default = engine["default_style"]
-        if default not in engine["installed"] or default in engine["broken"]:
+        if self.warming and not self.warmed_up:
+            status = "warming"
+        elif default not in engine["installed"] or default in engine["broken"]:
             status = "no_model"
         elif engine["broken"] or not storage["ok"]:
             status = "degraded"
@@ -331,7 +368,11 @@ def admitted_at_once() -> int:
     return sum(service.admission.capacity for service in list(_services))
 
 
-def warm_up_all() -> None:
-    """Warm up every AnimeGAN app made in this process (gunicorn.conf.py's post_worker_init)."""
-    for service in list(_services):
-        service.warm_up()
+def warm_up_all(background: bool = False) -> list[threading.Thread]:
+    """Warm up every AnimeGAN app made in this process (gunicorn.conf.py's post_worker_init),
+    now, or with ``background`` in threads of their own (returned) while the server answers."""
+    if not background:
+        for service in list(_services):
+            service.warm_up()
+        return []
+    return [service.warm_up_in_background() for service in list(_services)]

@@ -3,7 +3,10 @@ helper processes (time and memory), byte, area and aspect budgets, odd pixel for
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import signal
 import threading
 import time
 
@@ -12,8 +15,10 @@ import torch
 from conftest import convert, encode_image, open_image, photo_bytes
 from PIL import Image
 
+from bench.servers import child_pids
 from flask_animegan.errors import ImageTooLarge, Overloaded
 from flask_animegan.inputs.decoding import DecodeLimits, count_jpeg_scans, decode_cost
+from flask_animegan.inputs.helper import NICENESS
 from flask_animegan.inputs.isolation import DecodeGate, Decoder
 
 
@@ -66,15 +71,54 @@ def test_decoders_agree_on_real_photos(isolation):
         assert a.image.tobytes() == b.image.tobytes()
 
 
+def test_a_helper_that_got_no_cpu_blames_the_load_not_the_file():
+    """A decode that timed out while its helper hardly ran (a busy machine: helpers run
+    niced below the server) is a 503 to try again, not a 413 for the file; here the helper
+    is stopped outright for the whole timeout."""
+    decoder = Decoder(limits=DecodeLimits(), isolation="process", timeout=1.0, slots=1,
+                      max_queue=1, queue_timeout=10)
+    decoder.start()  # its helper is running before the upload arrives
+    helpers = [pid for pid in child_pids(os.getpid()) if _is_helper(pid)]
+    assert helpers, "no decode helper started"
+    for pid in helpers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(Overloaded, match="too busy to read the upload") as refused:
+            decoder.decode(photo_bytes(), size=64)
+    finally:
+        for pid in helpers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert refused.value.status == 503 and refused.value.retry_after >= 1
+    assert decoder.decode(photo_bytes(), size=64).image.size == (64, 43)  # a fresh helper
+
+
+def _is_helper(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"flask_animegan.inputs.helper" in cmdline.read()
+    except OSError:
+        return False
+
+
+def test_helpers_run_below_the_server_s_priority():
+    decoder = Decoder(limits=DecodeLimits(), isolation="process", timeout=5, slots=1,
+                      max_queue=1, queue_timeout=10)
+    assert decoder.decode(photo_bytes(), size=64).image.size == (64, 43)
+    helpers = [pid for pid in child_pids(os.getpid()) if _is_helper(pid)]
+    assert helpers and all(os.getpriority(os.PRIO_PROCESS, pid) >= os.getpriority(
+        os.PRIO_PROCESS, 0) + NICENESS for pid in helpers)
+
+
 def test_a_decode_past_its_time_budget_is_killed_and_the_helper_replaced():
-    decoder = Decoder(limits=DecodeLimits(max_scans=10_000), isolation="process", timeout=0.5,
+    decoder = Decoder(limits=DecodeLimits(max_scans=10_000), isolation="process", timeout=1.5,
                       slots=1, max_queue=1, queue_timeout=10)
     slow = progressive_jpeg(size=(4000, 2500), extra_scans=300)  # about 5 s of decoding
     killed = decoder.pool.killed
     started = time.perf_counter()
-    with pytest.raises(ImageTooLarge, match="took more than 0.5 s"):
+    with pytest.raises(ImageTooLarge, match="took more than 1.5 s"):
         decoder.decode(slow, size=64)
-    assert time.perf_counter() - started < 3
+    assert time.perf_counter() - started < 6
     assert decoder.pool.killed == killed + 1
     assert decoder.decode(photo_bytes(), size=64).image.size == (64, 43)  # a fresh helper
 

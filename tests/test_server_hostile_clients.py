@@ -280,7 +280,8 @@ class HealthWatch(threading.Thread):
 
 def test_decoder_bombs_are_answered_quickly_in_bounded_memory(tmp_path, bombs):
     """Four of each bomb at once against the default config and the shipped style: every
-    request answered (never 5xx) within 5 s, health within 1 s throughout, and the worker's
+    request answered (4xx, or 503 for the one past the three the app admits; never another
+    5xx) within 5 s, health within 1 s throughout, and the worker's
     peak memory (its helper processes' included) up by less than 600 MiB."""
     server = Server({"ANIMEGAN_RATE_LIMIT": "", "ANIMEGAN_ACCESS_LOG": ""},
                     log=tmp_path / "gunicorn.log")
@@ -309,7 +310,9 @@ def test_decoder_bombs_are_answered_quickly_in_bounded_memory(tmp_path, bombs):
             report.append(f"{name} ({len(body)} bytes): "
                           + ", ".join(f"{status} in {seconds:.2f} s" for status, seconds in results)
                           + f"; healthz at worst {health.slowest:.2f} s {health.failures or ''}")
-            if (any(status >= 500 or seconds >= 5 for status, seconds in results)
+            # 503: a fourth at once finds the app's three conversions in use (admission)
+            if (any((status >= 500 and status != 503) or seconds >= 5
+                    for status, seconds in results)
                     or health.failures or health.slowest >= 1):
                 failed.append(name)
         memory.stopping.set()

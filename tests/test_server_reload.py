@@ -291,7 +291,10 @@ def test_a_new_worker_that_never_gets_ready_leaves_the_old_one_serving(
         server.wait_for_output(rf"old worker\(s\) {old} keep serving", timeout=30)
         assert_kept_serving(watch)
         assert {a.pid for a in watch.probes} == {old}
-        time.sleep(2)  # past the graceful timeout, gunicorn's 1 s loop would start another
+        # the new worker has said why and exits (its teardown can take seconds on a busy
+        # machine); then, past the graceful timeout, gunicorn's 1 s loop starts no other
+        wait_until(lambda: master_children(server) == [old], 30, "the new worker to exit")
+        time.sleep(2)
         assert master_children(server) == [old], "the old worker alone should remain"
         assert client().post(f"{server.url}/animegan/convert", data=PHOTO, timeout=60,
                              headers={"Content-Type": "image/jpeg"}).status_code == 200

@@ -35,6 +35,9 @@ from ..process import configure_decoding
 from .decoding import DecodedUpload, DecodeLimits, decode_upload
 
 FRAME = struct.Struct(">II")
+#: Helpers run at a lower CPU priority than the server: a flood of slow decodes then takes
+#: only the CPU that the server's own threads (/healthz, the pages, inference) leave.
+NICENESS = 10
 #: The fields of a DecodedUpload that travel in the JSON header (the image is the payload).
 _FIELDS = tuple(field.name for field in fields(DecodedUpload) if field.name != "image")
 
@@ -110,6 +113,7 @@ def _decode(request: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes
 
 
 def main() -> None:
+    os.nice(NICENESS)
     configure_decoding()
     # Answers go to the original stdout; anything a library prints goes to stderr.
     out = os.fdopen(os.dup(1), "wb")

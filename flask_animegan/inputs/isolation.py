@@ -43,6 +43,9 @@ from . import decoding
 from .decoding import DecodedUpload, DecodeLimits
 from .helper import FRAME, upload_of
 
+#: A decode that runs past its timeout having had less than this share of it in CPU time
+#: was starved by the load (503, try again), not slow by itself (413, send another file).
+STARVED_SHARE = 0.5
 _ERRORS: dict[str, type[ConversionError]] = {
     cls.__name__: cls for cls in (BadImage, ImageTooLarge, UnsupportedImage)}
 
@@ -129,6 +132,15 @@ class _Helper:
             chunks.append(chunk)
             remaining -= len(chunk)
         return b"".join(chunks)
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time the helper has used so far (None where /proc cannot say)."""
+        try:
+            with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
 
     def kill(self) -> None:
         if self.owner != os.getpid():
@@ -245,10 +257,19 @@ class Decoder:
                   "memory": self.limits.max_bytes + 3 * size * size + (64 << 20)}
         for attempt in (1, 2):
             helper = self.pool.take()
+            cpu_before = helper.cpu_seconds()
             try:
                 answer, pixels = helper.request(header, data, self.timeout)
             except TimeoutError:
+                cpu_after = helper.cpu_seconds()
                 self.pool.discard(helper)
+                if (cpu_before is not None and cpu_after is not None
+                        and cpu_after - cpu_before < STARVED_SHARE * self.timeout):
+                    # the helper hardly ran (a busy machine, helpers at a lower priority):
+                    # the file is not at fault, the load is
+                    wait = self.gate.retry_after()
+                    raise Overloaded("the server is too busy to read the upload now; try "
+                                     f"again in {wait} s", wait) from None
                 raise ImageTooLarge(f"the image took more than {self.timeout:g} s to decode; "
                                     "send a smaller or simpler image") from None
             except (OSError, EOFError, ValueError):

@@ -36,7 +36,7 @@ from ..errors import BadImage, BadParameter, ConversionError, ImageTooLarge, Uns
 from ..inputs.formats import encode
 from ..inputs.media import MediaInfo
 from ..pipeline import Conversion, describe_timings
-from ..service import get_service
+from ..service import WARMING_RETRY_AFTER, get_service
 from . import csrf
 from .blueprint import blueprint
 from .clients import client_key, is_loopback
@@ -493,7 +493,11 @@ def healthz() -> Response:
     who = service.settings.health_details
     show = who == "all" or (who == "local" and is_loopback(client_key(None)))
     health = service.health(details=show)
-    return make_response(jsonify(health), 503 if health["status"] == "no_model" else 200)
+    unavailable = health["status"] in ("no_model", "warming")
+    response = make_response(jsonify(health), 503 if unavailable else 200)
+    if health["status"] == "warming":
+        response.headers["Retry-After"] = str(WARMING_RETRY_AFTER)
+    return response
 
 
 def _size(count: int) -> str:
