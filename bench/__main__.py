@@ -28,6 +28,7 @@ from . import (
     cache,
     cache_rule,
     ceilings,
+    jobs,
     memory,
     model_speed,
     report,
@@ -141,6 +142,9 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
         weights, [m for m in model_speed.modes(bf16) if m != model_speed.REFERENCE_MODE],
         size=plan.backend_size, runs=plan.backend_runs, threads=ceilings.usable_cpus(),
         workdir=workdir), errors)
+    results["jobs"] = run_section("jobs", lambda: jobs.measure(
+        weights.models_dir, weights.style, quick=quick, backend=backend,
+        precision=precision), errors)
     results["targets"] = targets.check(results)
     results["errors"] = errors
     results["duration_s"] = time.monotonic() - started

@@ -209,6 +209,19 @@ def backends(results: dict[str, Any]) -> str:
               "after the conversions, idle: a few seconds later (OpenVINO gives its buffers back).")
 
 
+def jobs(results: dict[str, Any]) -> str:
+    """Section 8: jobs against the photo path, the repeat rule, the saving, memory."""
+    from . import jobs as section_8
+
+    section = results.get("jobs", {})
+    head = "## 8. Jobs (animations and videos, in process: Jobs.run, the worker's function)"
+    if not section:
+        return f"{head}\nnot measured"
+    if _error(section):
+        return f"{head}\n{_error(section)}"
+    return f"{head}\n{section_8.render(section)}"
+
+
 def targets(results: dict[str, Any]) -> str:
     """The targets table."""
     rows = [[t["target"], t["goal"], num(t["measured"], 3),
@@ -220,7 +233,7 @@ def render(results: dict[str, Any]) -> str:
     """The whole report as text."""
     blocks = [f"# flask-animegan benchmark{' (--quick: smoke sizes, not the real figures)' if results['quick'] else ''}"]
     for part in (machine, model, stages, service, cache, cache_rule, memory, backends,
-                 targets):
+                 jobs, targets):
         blocks.append(part(results))
     blocks.append(f"Took {results['duration_s']:.0f} s.")
     return "\n\n".join(blocks)

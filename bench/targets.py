@@ -121,6 +121,14 @@ def check(results: dict[str, Any]) -> list[dict[str, Any]]:
          _get(results, "cache_rule", "hit_vs_inference")),
         (f"RSS growth over {results['plan']['memory_requests']} requests, %", BELOW, 5.0,
          _get(results, "memory", "rss_growth_pct")),
+        ("jobs: frames/s on the job path vs images/s on the photo path, same size", AT_LEAST,
+         0.9, _get(results, "jobs", "throughput", "job_vs_photo")),
+        ("jobs: held H.264 shots (crf 18-28) reused, least share", AT_LEAST, 0.9,
+         _get(results, "jobs", "rule", "held_min_share")),
+        ("jobs: held-shot clip, time with reuse vs without", BELOW, 1.0,
+         _get(results, "jobs", "saving", "time_vs_without")),
+        ("jobs: worker RSS growth from frame 50 to the end of a 250-frame job, %", BELOW, 5.0,
+         _get(results, "jobs", "memory", "rss_growth_pct")),
     ]
     return [{"target": name, "goal": f"{sign} {goal:g}", "measured": value,
              "pass": None if value is None else _COMPARE[sign](value, goal)}

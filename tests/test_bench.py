@@ -21,7 +21,7 @@ from conftest import REPO, need
 pytestmark = [pytest.mark.bench, pytest.mark.server]
 
 SECTIONS = ("machine", "weights", "ceilings", "model", "stages", "service", "cache", "memory",
-            "targets")
+            "jobs", "targets")
 
 
 def positive(value: object) -> bool:
@@ -57,6 +57,12 @@ def test_quick_bench_reports_every_section_and_both_baselines_answer(tmp_path):
     assert positive(results["stages"]["non_inference_share"])
     assert results["memory"]["small_statuses"] == {"200": results["memory"]["warmup_requests"]
                                                    + results["memory"]["requests"]}
+
+    jobs = results["jobs"]
+    assert positive(jobs["throughput"]["job_vs_photo"])
+    assert jobs["saving"]["converted"] < jobs["saving"]["frames"]
+    assert jobs["saving"]["converted_without"] == jobs["saving"]["frames"]
+    assert jobs["memory"]["frames"] == 250 and len(jobs["memory"]["samples"]) >= 5
 
     servers = results["service"]["servers"]
     for name in ("ours", "original", "optimized"):
