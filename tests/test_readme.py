@@ -20,7 +20,7 @@ DOCS = {path.name: path.read_text(encoding="utf-8") for path in sorted((REPO / "
 ALL_TEXT = "\n".join([README, *DOCS.values()])
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 NAME = re.compile(r"\bANIMEGAN_[A-Z0-9_]*[A-Z0-9]\b")
-ROUTE_HEADING = re.compile(r"^### `(GET|POST) (/[^`\s]*)`$", re.MULTILINE)
+ROUTE_HEADING = re.compile(r"^### `(GET|POST|DELETE) (/[^`\s]*)`$", re.MULTILINE)
 CURL_URL = re.compile(r"https?://127\.0\.0\.1:8000(/[^\s'\"?)]*)")
 PLACEHOLDER = re.compile(r"<[^>]+>")
 

@@ -112,8 +112,9 @@ def test_every_store_falls_back_while_redis_is_out(make_app, outage, caplog):
     assert storage["ok"] is False
     assert {name: storage[name]["state"] for name in ("cache", "pages", "rate_limit")} == {
         "cache": "down", "pages": "down", "rate_limit": "down"}, storage
+    # the job queue (RQ) sits on the pages' Redis, and says so too
     assert {problem.split(":")[0] for problem in health["problems"]} == {
-        "cache", "pages", "rate_limit"}, health["problems"]
+        "cache", "pages", "rate_limit", "jobs"}, health["problems"]
     assert all("unreachable" in problem for problem in health["problems"])
     # once per store: the cache and the pages share one Redis client, the counts have theirs
     assert len(log_lines(caplog, "flask_animegan: Redis at ", "is unavailable")) == 1
