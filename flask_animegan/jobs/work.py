@@ -30,7 +30,7 @@ from ..inputs import media
 from ..inputs.decoding import DecodeLimits
 from ..inputs.media import Frame, MediaInfo, MediaLimits
 from ..runtime.engine import InferenceEngine
-from . import encoders, repeats
+from . import repeats
 from .queues import JobQueue
 from .records import JobRecord, JobState, JobStore
 
@@ -50,6 +50,17 @@ class JobCancelled(Exception):
 
 class JobTaken(Exception):
     """The record says another run owns the job now (this one was declared stalled)."""
+
+
+def _encoders() -> Any:
+    """jobs/encoders.py, imported on first use: it needs PyAV (the `jobs` extra), which an
+    app that converts only photos need not install."""
+    try:
+        from . import encoders
+    except ImportError as exc:
+        raise ConversionError("animations and videos need PyAV on this server: pip install "
+                              "'flask-animegan[jobs]'") from exc
+    return encoders
 
 
 def run_job(job_id: str) -> None:
@@ -184,6 +195,7 @@ class Jobs:
             raise ConversionError("this is a still photo, not an animation or a video: "
                                   "send it to POST /animegan/convert")
         record.frames_total = info.frames
+        encoders = _encoders()
         writer, mimetype = encoders.writer_for(info, data, quality=self.settings.jpeg_quality)
         anchor: repeats.Picture | None = None  # the last frame converted
         converted: Image.Image | None = None
