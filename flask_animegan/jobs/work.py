@@ -195,6 +195,7 @@ class Jobs:
             raise ConversionError("this is a still photo, not an animation or a video: "
                                   "send it to POST /animegan/convert")
         record.frames_total = info.frames
+        self._report(record, None)  # the frame count and a heartbeat before the first frame
         encoders = _encoders()
         writer, mimetype = encoders.writer_for(info, data, quality=self.settings.jpeg_quality)
         anchor: repeats.Picture | None = None  # the last frame converted

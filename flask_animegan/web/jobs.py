@@ -214,6 +214,8 @@ def describe(record: JobRecord) -> dict[str, Any]:
         "eta_s": (None if record.finished or record.eta_s is None
                   else round(record.eta_s, 1)),
         "error": record.error,
+        # the worker's last report (Unix time): a running job's heartbeat
+        "updated_at": record.updated_at,
         "url": url_for(".job", job_id=record.id),
         "page_url": url_for(".job_page", job_id=record.id),
         "result_url": url_for(".job_result", job_id=record.id) if finished else None,
