@@ -119,11 +119,13 @@ def post_worker_init(worker):
     _check_threads(worker)
     replaces = getattr(worker, "animegan_replaces", ())
     if not replaces:
-        # No old worker serves meanwhile (a first start, a restart, a respawn): take
-        # requests at once and warm up in a thread; until it is done, conversions and
-        # /healthz answer 503 with Retry-After, so nginx tries another instance instead
-        # of leaving requests in this one's backlog.
-        warm_up_all(background=True)
+        # No old worker serves meanwhile (a first start, a restart, a respawn): with one
+        # worker (the default), take requests at once and warm up in a thread; until it
+        # is done, conversions and /healthz answer 503 with Retry-After, so nginx tries
+        # another instance instead of leaving requests in this one's backlog. With
+        # several, a worker warms up first, as at a reload: the others serve meanwhile,
+        # and a warming worker's 503s would reach clients that gunicorn gave it.
+        warm_up_all(background=worker.cfg.workers == 1)
         return
     try:
         warm_up_all()
