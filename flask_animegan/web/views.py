@@ -32,7 +32,14 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from ..cache import StoredResult
 from ..config import DEFAULTS, OUTPUT_FORMATS
-from ..errors import BadImage, BadParameter, ConversionError, ImageTooLarge, UnsupportedImage
+from ..errors import (
+    BadImage,
+    BadParameter,
+    ConversionError,
+    ImageTooLarge,
+    Overloaded,
+    UnsupportedImage,
+)
 from ..inputs.formats import encode
 from ..inputs.media import MediaInfo
 from ..pipeline import Conversion, describe_timings
@@ -71,7 +78,13 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
         # Before anything reads the upload: an app with its conversions all in use
         # answers 503 at once, and one thread stays free for /healthz and the pages
         # (runtime/admission.py). Left in _leave_admission, however the request ends.
-        g.animegan_admission = get_service().admission.enter()
+        try:
+            g.animegan_admission = get_service().admission.enter()
+        except Overloaded:
+            # its body stays unread: gunicorn closes the connection after the 503, so the
+            # client must not send its next request on it (Connection: close)
+            g.animegan_close = True
+            raise
     # Werkzeug answers 413 from Content-Length before reading the body. A chunked
     # body has no length: Werkzeug then stops reading at the limit without an error,
     # so allow one byte more and refuse the body if it gets there (_read_upload).
@@ -79,6 +92,13 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
     request.max_content_length = limit if request.content_length is not None else limit + 1
     request.max_form_parts = MAX_FORM_PARTS
     csrf.exempt_from_host(convert)  # why that is safe: csrf.py
+
+
+@blueprint.after_request
+def _close_unread(response: Response) -> Response:
+    if g.get("animegan_close"):
+        response.headers["Connection"] = "close"
+    return response
 
 
 @blueprint.teardown_request
