@@ -139,6 +139,67 @@ def test_an_unsupported_video_codec_is_415():
                     DECODE)
 
 
+def _rotated_clip(degrees: int, container: str, frames: int = 3,
+                  size: tuple[int, int] = (96, 64)) -> tuple[bytes, Image.Image]:
+    """A clip of ``frames`` copies of a photo (``size`` as coded) whose display matrix says
+    turn it ``degrees`` counter-clockwise to show it (as a phone writes it), and the photo."""
+    import io
+    from fractions import Fraction
+
+    import av
+
+    source = clips.photo("astronaut").resize(size)
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container) as out:
+        stream = out.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = *size, "yuv420p"
+        stream.options = {"preset": "ultrafast", "crf": "12"}
+        stream.set_display_rotation(degrees)
+        for index in range(frames):
+            frame = av.VideoFrame.from_image(source)
+            frame.pts, frame.time_base = index, Fraction(1, 10)
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return buffer.getvalue(), source
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+@pytest.mark.parametrize("container", ["mp4", "mov", "matroska"])
+@pytest.mark.parametrize("degrees", [0, 90, 180, 270])
+def test_a_rotated_video_is_probed_and_decoded_upright(degrees, container, isolated):
+    """A phone's video: coded 96x64 with a display matrix of 90/180/270 degrees. The probe
+    says the size it is shown at, and every frame is the source turned as players show it
+    (numpy's rot90 of the source, counter-clockwise), within the codec's noise."""
+    import numpy as np
+
+    data, source = _rotated_clip(degrees, container)
+    info, frames = probe_and_frames(data, isolated, size=96)
+    shown = (64, 96) if degrees in (90, 270) else (96, 64)
+    assert (info.width, info.height) == shown
+    assert len(frames) == 3 and {f.image.size for f in frames} == {shown}
+    expected = np.rot90(np.asarray(source, dtype=np.int16), k=degrees // 90)
+    for frame in frames:
+        error = np.abs(np.asarray(frame.image, dtype=np.int16) - expected).mean()
+        assert error < 6, (degrees, error)
+    # and the other turns are far off: the comparison tells them apart
+    wrong = np.rot90(np.asarray(source, dtype=np.int16), k=(degrees // 90 + 2) % 4)
+    assert np.abs(np.asarray(frames[0].image, dtype=np.int16) - wrong).mean() > 20
+
+
+def test_a_rotated_video_is_held_to_the_same_limits():
+    """The pixel and aspect limits are the same for the coded and the shown size; a
+    frame-count limit is still refused before decoding."""
+    data, _ = _rotated_clip(90, "mp4", frames=12, size=(128, 16))
+    info = media.probe(data, LIMITS, DECODE)
+    assert (info.width, info.height) == (16, 128)
+    with pytest.raises(ImageTooLarge, match="one side"):
+        media.probe(data, LIMITS, DecodeLimits(max_aspect=4.0))
+    with pytest.raises(ImageTooLarge, match="pixels"):
+        media.probe(data, MediaLimits(max_pixels=2000), DECODE)
+    with pytest.raises(ImageTooLarge, match="frames"):
+        media.probe(data, MediaLimits(max_frames=10), DECODE)
+
+
 # -- limits: 413 before decoding (from the header), or while decoding -------------------
 def _gif_screen(width: int, height: int, frames: int = 2) -> bytes:
     """A GIF with a huge logical screen holding ``frames`` 1x1 frames."""

@@ -10,7 +10,8 @@ again while it decodes: a file whose header lied stops at the limit with ImageTo
   (disposal, blending), alpha over white as :func:`~.decoding.to_rgb` does. Their frame
   count, durations and loop come from walking the file's blocks or chunks (no pixels).
 * Videos (MP4, MOV, WebM, Matroska) go through PyAV (FFmpeg), one video stream, the
-  codecs in :data:`VIDEO_CODECS` only.
+  codecs in :data:`VIDEO_CODECS` only. A display matrix (a phone's rotated video) is
+  obeyed: the probe gives the size shown and the frames come out upright.
 
 A video's audio is made ready for the MP4 writer by :func:`audio` (in the helper process
 too): its packets copied into a small M4A of their own, or transcoded to AAC when an MP4
@@ -26,6 +27,7 @@ Everything here needs Pillow, NumPy and PyAV only: it also runs in the helper pr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import math
 import struct
@@ -136,6 +138,10 @@ def probe(data: bytes, limits: MediaLimits, decode: DecodeLimits) -> MediaInfo:
         info = _probe_picture(data, decode)
     if info.kind != "still":
         check(info, limits, decode)
+    if video is not None and abs(_video_rotation(data, video)) == 90:
+        # shown upright (a phone held upright): the frames come out the displayed size;
+        # the limits held above are the same for both (the area, the aspect either way)
+        info = dataclasses.replace(info, width=info.height, height=info.width)
     return info
 
 
@@ -389,6 +395,29 @@ def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits) -> MediaInfo:
     return MediaInfo("video", fmt, width, height, frames, duration, fps, has_audio, None)
 
 
+#: Packets :func:`_video_rotation` reads at most for its first frame (a decoder's delay:
+#: H.264 holds up to 16 frames back).
+_ROTATION_PACKETS = 32
+
+
+def _video_rotation(data: bytes, demuxer: str) -> int:
+    """The counter-clockwise rotation (degrees, -180 to 180) that shows the video upright,
+    from its display matrix (a phone's MP4/MOV, a Matroska projection). FFmpeg attaches the
+    matrix to decoded frames only, so this decodes the first one, after the limits are
+    held (its size is the probe's); 0 when none comes within :data:`_ROTATION_PACKETS`."""
+    # a corrupt packet: frames() reports it where it is, as it did before this
+    with contextlib.suppress(Exception), _open_video(data, demuxer) as container:
+        stream = container.streams.video[0]
+        stream.thread_count = 1
+        stream.codec_context.skip_frame = "NONKEY"  # the first frame is a key frame
+        for count, packet in enumerate(container.demux(stream)):
+            for frame in stream.decode(packet):
+                return round(frame.rotation or 0)
+            if count >= _ROTATION_PACKETS:
+                break
+    return 0
+
+
 def _corrupt(fmt: str, exc: BaseException) -> BadImage:
     return BadImage(f"the {fmt} file is truncated or corrupt and cannot be decoded "
                     f"({exc.__class__.__name__}); {MEDIA_HINT}")
@@ -407,8 +436,7 @@ def frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: DecodeLimi
     counter = _Counter(info, limits)
     source = _video_frames if info.kind == "video" else _animation_frames
     try:
-        for frame in source(data, info, counter, size, square):
-            yield frame
+        yield from source(data, info, counter, size, square)
     except ConversionError:
         raise
     except MemoryError:
@@ -502,7 +530,7 @@ def _video_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int,
             seconds = (float(frame.duration * frame.time_base)
                        if frame.duration and frame.time_base else 1 / fps)
             image = frame.to_image()
-            turn = _ROTATIONS.get(round(getattr(frame, "rotation", 0) or 0))
+            turn = _ROTATIONS.get(round(frame.rotation or 0))
             if turn is not None:
                 image = image.transpose(turn)
             yield Frame(index, decoding.fit(image, size, square=square),
