@@ -101,6 +101,80 @@ def test_a_slow_upload_does_not_block_other_clients(models_dir, tmp_path):
         server.stop()
 
 
+def _read_response(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP response with a Content-Length from ``sock``: its head and its body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the connection closed inside the body"
+        body += chunk
+    return head, body
+
+
+def test_a_refused_upload_gets_its_503_and_keeps_its_connection(models_dir, tmp_path):
+    """With the one conversion the app admits held by a trickling upload, a 13 MB upload
+    is refused: its body is read and dropped first (gunicorn would drop 64 KiB of it and
+    reset the connection), so the client reads the whole 503 and sends its next request
+    on the same connection; one that stops sending its body gets the 503 after
+    views.DROP_BODY_SECONDS, and the connection ends a few seconds later (gunicorn's own
+    bound on an unread body), never held open."""
+    server = start(models_dir, tmp_path, ANIMEGAN_MAX_QUEUE="0")
+    stop = threading.Event()
+    sent = []
+
+    def trickle() -> None:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+            sock.sendall(b"POST /animegan/convert HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: image/jpeg\r\nContent-Length: 100000\r\n\r\n")
+            while not stop.is_set():
+                sock.sendall(b"\xff")
+                sent.append(1)
+                time.sleep(0.2)
+
+    holder = threading.Thread(target=trickle)
+    holder.start()
+    data = big_upload()
+    head = (b"POST /animegan/convert?size=128 HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(data))
+    try:
+        deadline = time.monotonic() + 30
+        while requests.get(f"{server.url}/animegan/healthz",
+                           timeout=10).json()["admission"]["admitted"] < 1:
+            assert time.monotonic() < deadline, "the trickling upload was never admitted"
+            time.sleep(0.1)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            for _ in range(3):  # three refusals, one connection
+                sock.sendall(head + data)
+                status, body = _read_response(sock)
+                assert status.startswith(b"HTTP/1.1 503"), status
+                assert b"retry-after:" in status.lower()
+                assert b"connection: close" not in status.lower()
+                assert b"busy" in body
+            sock.sendall(b"GET /animegan/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, body = _read_response(sock)
+            assert status.startswith(b"HTTP/1.1 200"), status
+
+        with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+            sock.sendall(head + data[:1000])  # then nothing: slower than the drop allows
+            began = time.monotonic()
+            status, _ = _read_response(sock)
+            assert status.startswith(b"HTTP/1.1 503"), status
+            assert sock.recv(1) == b""  # the server ended the connection
+            assert time.monotonic() - began < 15
+        assert holder.is_alive() and len(sent) > 3  # the conversion was held all along
+    finally:
+        stop.set()
+        holder.join()
+        server.stop()
+
+
 def test_sigterm_lets_the_in_flight_conversion_finish(models_dir, tmp_path):
     server = start(models_dir, tmp_path, ANIMEGAN_MAX_SIDE="1024", ANIMEGAN_PRECISION="fp32")
     outcome: dict = {}

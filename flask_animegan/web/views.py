@@ -60,6 +60,8 @@ LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert", "animegan.
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
 #: Output sizes the form offers (those up to ANIMEGAN_MAX_SIDE, and the maximum itself).
 FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
+#: Most seconds a refused conversion's upload is read before its 503 (_drop_body).
+DROP_BODY_SECONDS = 1.0
 #: Fields the form and the API read; a form with many more parts is not ours.
 MAX_FORM_PARTS = 32
 BUILT_IN_BASE = DEFAULTS["ANIMEGAN_BASE_TEMPLATE"]
@@ -81,9 +83,7 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
         try:
             g.animegan_admission = get_service().admission.enter()
         except Overloaded:
-            # its body stays unread: gunicorn closes the connection after the 503, so the
-            # client must not send its next request on it (Connection: close)
-            g.animegan_close = True
+            _drop_body(get_service().max_upload_bytes)
             raise
     # Werkzeug answers 413 from Content-Length before reading the body. A chunked
     # body has no length: Werkzeug then stops reading at the limit without an error,
@@ -94,11 +94,43 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
     csrf.exempt_from_host(convert)  # why that is safe: csrf.py
 
 
-@blueprint.after_request
-def _close_unread(response: Response) -> Response:
-    if g.get("animegan_close"):
-        response.headers["Connection"] = "close"
-    return response
+def _drop_body(limit: int) -> bool:
+    """Read and drop a refused request's body, for at most :data:`DROP_BODY_SECONDS`;
+    True when it was all read (the connection stays usable).
+
+    A server that answers before the body is read and closes the connection has the
+    kernel reset it while the body is still arriving, and a reset can destroy the answer
+    before the client reads it (gunicorn drops at most 64 KiB of an unread body, then
+    closes; it sends its own Connection header, whatever the app's says). So the 503 is
+    sent once the body is in, and the connection stays open for the next request. A
+    client that sends its body slower than that gets the 503 after that second, and
+    gunicorn closes the connection a few seconds later: one still sending then may see a
+    reset. Behind nginx (deploy/nginx.conf), which reads the whole body before it
+    passes a request on, none does."""
+    length = request.content_length
+    if length is not None and length > limit:
+        return False  # more than the limit: not worth reading (413 would say so)
+    stream = request.environ["wsgi.input"]
+    sock = request.environ.get("gunicorn.socket")
+    deadline = time.monotonic() + DROP_BODY_SECONDS
+    left = limit + 1 if length is None else length
+    try:
+        while left > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if sock is not None:
+                sock.settimeout(remaining)
+            chunk = stream.read(min(left, 1 << 20))
+            if not chunk:
+                return length is None  # a chunked body's end; a short one is cut off
+            left -= len(chunk)
+        return length is not None  # all of it; a chunked body past the limit is not
+    except (OSError, ValueError):  # socket.timeout is an OSError
+        return False
+    finally:
+        if sock is not None:
+            sock.settimeout(None)
 
 
 @blueprint.teardown_request
