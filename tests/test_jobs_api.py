@@ -20,7 +20,7 @@ from media import apng, decoded_video, gif_from_photos, video_clip, webp_animati
 from PIL import Image
 from upload_variants import bit_flips, prefixes
 
-import flask_animegan.web.jobs  # noqa: F401  TEMPORARY until extension.py imports it (J3)
+from flask_animegan.jobs.records import JobState
 
 #: Long side asked for: the test styles at 32 px cost a few ms a frame.
 SIZE = 32
@@ -258,6 +258,26 @@ def test_unfinished_jobs_per_client_are_capped(make_app):
     client.delete(first.headers["Location"])
     wait_for(client, first.headers["Location"], deadline=30)
     assert post_job(client, gif_from_photos(4), size=str(SIZE)).status_code == 202
+
+
+def test_a_client_whose_worker_died_is_not_refused_for_it(make_app):
+    """A job whose run stalled a second time (its workers killed) is settled when the
+    client's jobs are counted: failed, so it does not hold the client's one job."""
+    app = make_app(ANIMEGAN_JOBS_PER_CLIENT=1)
+    jobs = app.extensions["animegan"].jobs
+    address = "127.0.0.88"
+    data = gif_from_photos(4)
+    info = jobs.probe(data)
+    record = jobs.store.create(data, client=address, style="test_style", size=SIZE,
+                               kind=info.kind, format=info.format, frames_total=info.frames)
+    record.state, record.attempts = JobState.RUNNING, 2
+    record.updated_at = time.time() - app.config["ANIMEGAN_JOB_STALL_SECONDS"] - 1
+    jobs.store.start(record)
+    client = app.test_client()
+    response = post_job(client, data, environ={"REMOTE_ADDR": address}, size=str(SIZE))
+    assert response.status_code == 202, response.get_json()
+    stalled = client.get(f"/animegan/jobs/{record.id}").get_json()
+    assert stalled["state"] == "failed" and "stopped" in stalled["error"]
 
 
 def test_a_job_counts_against_the_rate_limit_by_its_frames(make_app):

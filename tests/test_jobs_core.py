@@ -176,25 +176,102 @@ def test_a_full_queue_answers_503_with_retry_after(make_app):
 def test_unfinished_jobs_are_counted_per_client(service):
     data = gif_from_photos(60, size=(128, 96))
     jobs = [submit(service, data, client="10.0.0.1", size=128) for _ in range(2)]
-    assert service.jobs.store.unfinished("10.0.0.1") == 2
-    assert service.jobs.store.unfinished("10.0.0.2") == 0
+    assert service.jobs.unfinished("10.0.0.1") == 2
+    assert service.jobs.unfinished("10.0.0.2") == 0
     for job in jobs:
         service.jobs.cancel(job.id)
-    assert service.jobs.store.unfinished("10.0.0.1") <= 1  # the running one stops at a frame
+    assert service.jobs.unfinished("10.0.0.1") <= 1  # the running one stops at a frame
     follow(service, jobs[0].id, finished, timeout=30)
-    assert service.jobs.store.unfinished("10.0.0.1") == 0
+    assert service.jobs.unfinished("10.0.0.1") == 0
 
 
-def stalled_copy(service, data: bytes, attempts: int) -> JobRecord:
-    """A job as a killed worker leaves it: running, its last report long ago."""
+def stalled_copy(service, data: bytes, attempts: int, client: str = CLIENT,
+                 reported: float | None = None) -> JobRecord:
+    """A job as a killed worker leaves it: running, listed among the started runs, its last
+    report at ``reported`` (default: longer ago than the stall time)."""
     info = service.jobs.probe(data)
-    record = service.jobs.store.create(data, client=CLIENT, style="test_style", size=96,
+    record = service.jobs.store.create(data, client=client, style="test_style", size=96,
                                        kind=info.kind, format=info.format,
                                        frames_total=info.frames)
     record.state, record.attempts, record.frames_done = JobState.RUNNING, attempts, 3
-    record.updated_at = time.time() - service.settings.job_stall_seconds - 1
-    service.jobs.store.update(record)
+    record.updated_at = (reported if reported is not None
+                         else time.time() - service.settings.job_stall_seconds - 1)
+    service.jobs.store.start(record)
     return record
+
+
+def stored(service, job_id: str, until, timeout: float = 60.0) -> tuple[float, JobRecord]:
+    """Read the record straight from storage (which settles nothing) every 50 ms until
+    ``until(record)``: (the time, the record)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = service.jobs.store.get(job_id)
+        assert record is not None
+        if until(record):
+            return time.time(), record
+        time.sleep(0.05)
+    pytest.fail(f"job {job_id} still {record.state} in storage after {timeout} s: {record}")
+
+
+def test_a_client_is_not_held_by_a_job_whose_worker_died(service):
+    """The per-client count settles what it counts: a run stalled a second time is failed,
+    so it no longer counts (read as stored, it stayed 'running' until its TTL)."""
+    stalled = stalled_copy(service, gif_from_photos(4), attempts=2, client="10.0.0.9")
+    assert service.jobs.store.get(stalled.id).state == JobState.RUNNING
+    assert service.jobs.unfinished("10.0.0.9") == 0
+    assert service.jobs.store.get(stalled.id).state == JobState.FAILED
+    # a first stall is queued again: that job is still the client's, and runs to its end
+    again = stalled_copy(service, gif_from_photos(4), attempts=1, client="10.0.0.9")
+    assert service.jobs.unfinished("10.0.0.9") == 1
+    assert follow(service, again.id, finished)[-1].state == JobState.DONE
+    assert service.jobs.unfinished("10.0.0.9") == 0
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_the_sweep_settles_a_stalled_job_nobody_reads(make_app, attempts):
+    """The local queue's sweep, every stall/4 s: a run whose worker stopped reporting is
+    queued again and done (first stall) or failed (second), read only from storage."""
+    service = make_app(ANIMEGAN_JOB_STALL_SECONDS=2).extensions["animegan"]
+    assert service.jobs.sweep_every == 0.5
+    first = submit(service, gif_from_photos(3))  # the queue's thread (and sweep) start
+    stored(service, first.id, finished)
+    record = stalled_copy(service, gif_from_photos(6), attempts=attempts,
+                          reported=time.time())  # its worker dies now
+    ended_at, final = stored(service, record.id, finished, timeout=60)
+    took = ended_at - record.updated_at
+    print(f"attempt {attempts}: {final.state.value} {took:.2f} s after the last report")
+    if attempts == 1:
+        assert final.state == JobState.DONE and final.attempts == 2 and final.frames_done == 6
+    else:
+        assert final.state == JobState.FAILED and final.error == STALLED
+        # the bound the docs promise: stall + sweep period (+ a loaded machine's slack)
+        assert took <= 2 + 0.5 + 5
+
+
+def test_settling_one_run_twice_queues_it_once(service):
+    """Two readers (or sweepers) holding the same stale record: one settles it, the
+    other gets the record as stored; the job runs once more, not twice."""
+    record = stalled_copy(service, gif_from_photos(6), attempts=1)
+    copy = service.jobs.store.get(record.id)
+    assert service.jobs.settle(record).state == JobState.QUEUED
+    assert service.jobs.settle(copy).state != JobState.FAILED
+    final = follow(service, record.id, finished)[-1]
+    assert final.state == JobState.DONE and final.attempts == 2
+    time.sleep(0.5)
+    assert service.jobs.status()["queued"] == 0 and service.jobs.get(record.id).attempts == 2
+
+
+def test_a_job_queued_twice_runs_once(service):
+    """Two workers taking the same run at the same moment: the run's claim lets one in."""
+    info = service.jobs.probe(data := gif_from_photos(6))
+    record = service.jobs.store.create(data, client=CLIENT, style="test_style", size=96,
+                                       kind=info.kind, format=info.format,
+                                       frames_total=info.frames)
+    assert service.jobs.store.claim(record.id, "run-1", 5)
+    service.jobs.run(record.id)  # the second taker of run 1: leaves it to the first
+    assert service.jobs.store.get(record.id).state == JobState.QUEUED
+    assert not service.jobs.store.claim(record.id, "run-1", 5)
+    assert service.jobs.store.claim(record.id, "run-2", 5)
 
 
 def test_a_stalled_job_is_run_again_once(service):

@@ -2,7 +2,8 @@
 
 The app in this process takes the jobs as the web process would (``service.jobs``, on the
 same Redis) and reads them back; the workers convert them. A worker killed mid-job leaves
-its job running without reports: the next read requeues it, and the other worker ends it.
+its job running without reports: the other worker's sweep requeues it and ends it, with no
+client reading it (the records are read straight from storage, which settles nothing).
 """
 
 from __future__ import annotations
@@ -149,13 +150,53 @@ def test_a_worker_killed_mid_job_leaves_it_finished_within_30_s(service, workers
     workers[victim].wait(timeout=10)
     killed = time.monotonic()
 
-    seen = watch(service, record.id, lambda r: r.finished, timeout=60)
-    ended_at, final = seen[-1]
+    # nobody reads the job through Jobs.get: the surviving worker's sweep settles it
+    requeued_at = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        final = service.jobs.store.get(record.id)
+        if requeued_at is None and (final.state == JobState.QUEUED or final.attempts == 2):
+            requeued_at = time.monotonic()
+        if final.finished:
+            break
+        time.sleep(0.05)
+    ended_at = time.monotonic()
+    assert final.finished, f"still {final.state} in storage 60 s after the kill: {final}"
     assert ended_at - killed <= 30, f"ended {ended_at - killed:.1f} s after the kill"
     assert final.state in (JobState.DONE, JobState.FAILED)
-    print(f"killed {victim}; the job ended {final.state.value} "
-          f"{ended_at - killed:.1f} s later, attempts {final.attempts}")
+    settled = f"{requeued_at - killed:.1f} s" if requeued_at else "unseen"
+    print(f"killed {victim}; requeued {settled} after the kill (stall {STALL_SECONDS} s + "
+          f"sweep {STALL_SECONDS / 4} s), ended {final.state.value} "
+          f"{ended_at - killed:.1f} s after it, attempts {final.attempts}")
     if final.state == JobState.DONE:
         assert final.attempts == 2 and final.frames_done == 60
         with Image.open(io.BytesIO(service.jobs.store.get_result(record.id))) as gif:
             assert gif.n_frames == 60
+
+
+def test_a_job_stalled_twice_is_failed_by_a_workers_sweep(service, workers):
+    """A second stall (as a second killed worker leaves it): a worker's sweep marks it
+    failed within the stall time and a sweep period, read by nobody."""
+    from flask_animegan.jobs.work import STALLED
+
+    wait_for_workers(service)
+    data = gif_from_photos(6, size=(128, 96))
+    info = service.jobs.probe(data)
+    record = service.jobs.store.create(data, client="127.0.0.1", style="test_style",
+                                       size=128, kind=info.kind, format=info.format,
+                                       frames_total=info.frames)
+    record.state, record.attempts, record.frames_done = JobState.RUNNING, 2, 3
+    record.updated_at = time.time()  # its worker's last report: it dies now
+    service.jobs.store.start(record)
+    deadline = time.monotonic() + 60
+    while not (final := service.jobs.store.get(record.id)).finished:
+        assert time.monotonic() < deadline, f"still {final.state} in storage: {final}"
+        time.sleep(0.05)
+    took = time.time() - record.updated_at
+    print(f"failed by a sweep {took:.2f} s after the last report")
+    assert final.state == JobState.FAILED and final.error == STALLED
+    assert took <= STALL_SECONDS + STALL_SECONDS / 4 + 10
+    assert service.jobs.store.get_input(record.id) is None
+    # the sweeper claimed that step on the shared Redis (SET NX): nobody else settles it
+    assert not service.jobs.store.claim(record.id, "settle-2", 60)
+    assert service.jobs.store.claim(record.id, "settle-3", 60)

@@ -7,6 +7,11 @@ reaches the Redis. :class:`LocalQueue` is a bounded ``queue.Queue`` and one daem
 per app process: single-machine, and its waiting jobs are lost with the process.
 :func:`open_queue` picks one from ANIMEGAN_JOB_QUEUE and fails closed: ``rq`` without a
 Redis stops the app at start.
+
+Every worker also sweeps (:meth:`JobQueue.sweep_with`): a daemon thread of the worker
+process (``flask animegan worker``, or the process of the local queue's thread, from its
+first job) runs the jobs' sweep every few seconds, which settles stalled runs that no
+client reads. RQ's own maintenance cleans RQ's registries and knows nothing of our records.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +46,31 @@ class JobQueue(ABC):
 
     #: ``"rq"`` or ``"local"``
     kind: str = ""
+    _sweep: Callable[[], object] | None = None
+    _sweep_every = 5.0
+    _sweeper: threading.Thread | None = None
+
+    def sweep_with(self, sweep: Callable[[], object], every: float) -> None:
+        """What this queue's workers run every ``every`` seconds beside their jobs (the
+        jobs' sweep of stalled runs), from the first :meth:`start_sweeping`."""
+        self._sweep, self._sweep_every = sweep, every
+
+    def start_sweeping(self) -> None:
+        """Start the sweep's daemon thread in this process, once (a worker does)."""
+        if self._sweep is None or self._sweeper is not None:
+            return
+        self._sweeper = threading.Thread(target=self._sweeping, name="animegan-sweep",
+                                         daemon=True)
+        self._sweeper.start()
+
+    def _sweeping(self) -> None:
+        assert self._sweep is not None
+        while True:
+            time.sleep(self._sweep_every)
+            try:
+                self._sweep()
+            except Exception:  # the next sweep tries again: never stop sweeping
+                log.exception("flask_animegan: the sweep of stalled jobs failed")
 
     @abstractmethod
     def enqueue(self, job_id: str, attempt: int = 0) -> None:
@@ -101,6 +132,7 @@ class LocalQueue(JobQueue):
                 self._thread = threading.Thread(target=self._work, name="animegan-jobs",
                                                 daemon=True)
                 self._thread.start()
+            self.start_sweeping()
 
     def _work(self) -> None:
         while True:
@@ -202,6 +234,7 @@ class RQQueue(JobQueue):
 
         # no socket timeout here: the worker blocks on Redis while the queue is empty
         connection = redis.Redis.from_url(self.uri)
+        self.start_sweeping()
         worker = SimpleWorker([self.name], connection=connection, name=name)
         worker.work(burst=burst, logging_level="INFO")
 

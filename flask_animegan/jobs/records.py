@@ -10,7 +10,11 @@ Redis every instance and worker reaches), each under a key with a TTL:
 * ``job:<id>:result`` and ``job:<id>:preview``: the output and its JPEG still;
 * ``job:<id>:cancel``: set by a cancel, read by the worker between frames (a key of its
   own, so a worker's progress update never overwrites a cancel);
-* ``client:<digest>``: the newest job ids of one client, to count its unfinished jobs.
+* ``job:<id>:claim:<what>``: a short-lived claim (``SET NX``): of several workers or readers
+  taking the same step of a job (starting run n, settling run n), one wins;
+* ``client:<digest>``: the newest job ids of one client, to count its unfinished jobs;
+* ``jobs:started``: the ids of the newest runs started, which the sweep looks through for
+  stalled ones (:meth:`Jobs.sweep <flask_animegan.jobs.work.Jobs.sweep>`).
 
 Ids are ``secrets.token_urlsafe(24)`` (192 random bits): a job is reachable only by its id.
 The client is stored as a keyed digest of the rate-limit key, never the address itself.
@@ -35,6 +39,10 @@ from ..cache.storage import Storage
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{32}")
 #: The newest jobs of a client kept in its list (its unfinished ones are counted there).
 CLIENT_LIST_CAP = 32
+#: The newest runs the sweep looks through: a run is found stalled as long as fewer than
+#: this many runs started after it, within its stall time (every worker of every machine).
+STARTED_LIST_CAP = 256
+STARTED_INDEX = "jobs:started"
 #: Seconds an overwritten upload lingers (a TTL of 0 stores nothing on every backend).
 GONE_TTL = 1
 
@@ -148,13 +156,33 @@ class JobStore:
         """Store ``record`` (its TTL starts again); False when the storage refused it."""
         return self.storage.set(self._key(record.id), record.to_bytes(), self.ttl)
 
-    def unfinished(self, client: str) -> int:
-        """How many of the client's newest jobs are queued or running."""
+    def start(self, record: JobRecord) -> bool:
+        """Store ``record``, a run just started, and list it among the started runs (what
+        the sweep reads); False when the storage refused it."""
+        return self.storage.set_indexed(self._key(record.id), record.to_bytes(),
+                                        index=STARTED_INDEX, member=record.id.encode(),
+                                        ttl=self.ttl, cap=STARTED_LIST_CAP)
+
+    def claim(self, job_id: str, step: str, ttl: float) -> bool:
+        """Whether this caller is the one to take ``step`` of the job (the first to ask
+        within ``ttl`` seconds); False also when the storage is unavailable."""
+        return self.storage.add(self._key(job_id, f"claim:{step}"), b"1", ttl)
+
+    def client_jobs(self, client: str) -> list[JobRecord]:
+        """The records of the client's newest jobs (CLIENT_LIST_CAP at most), as stored."""
         digest = self.client_digest(client)
-        ids = {member.decode() for member in
-               self.storage.index(f"client:{digest}", CLIENT_LIST_CAP)}
-        return sum(1 for job_id in ids
-                   if (record := self.get(job_id)) is not None and not record.finished)
+        return self._records(self.storage.index(f"client:{digest}", CLIENT_LIST_CAP))
+
+    def started(self) -> list[JobRecord]:
+        """The records of the newest runs started (STARTED_LIST_CAP at most) that are
+        still running as stored, newest first."""
+        return [record for record in
+                self._records(self.storage.index(STARTED_INDEX, STARTED_LIST_CAP))
+                if record.state == JobState.RUNNING]
+
+    def _records(self, members: list[bytes]) -> list[JobRecord]:
+        ids = dict.fromkeys(member.decode(errors="replace") for member in members)
+        return [record for job_id in ids if (record := self.get(job_id)) is not None]
 
     # -- cancelling ------------------------------------------------------------------
     def request_cancel(self, job_id: str) -> bool:

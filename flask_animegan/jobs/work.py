@@ -8,9 +8,15 @@ processes, the local queue's thread calls it. Both run it in the app's context a
 imports the service, which imports it).
 
 A job is never left at "running": a worker reports (the record's ``updated_at``) at least
-every :data:`REPORT_EVERY` seconds while it converts, and whoever reads a running record
-whose report is older than ANIMEGAN_JOB_STALL_SECONDS (its worker was killed, its machine
-lost) queues it again, once, or else marks it failed (:meth:`Jobs.settle`).
+every :data:`REPORT_EVERY` seconds while it converts, and a running record whose report is
+older than ANIMEGAN_JOB_STALL_SECONDS (its worker was killed, its machine lost) is queued
+again, once, or else marked failed (:meth:`Jobs.settle`). Whoever reads the job settles it
+(:meth:`Jobs.get`, the client's count), and so does the sweep (:meth:`Jobs.sweep`) that
+every ``flask animegan worker`` and the local queue's thread run every
+:meth:`Jobs.sweep_every` seconds over the newest runs started: a stalled job is settled
+within ANIMEGAN_JOB_STALL_SECONDS + sweep_every + REPORT_EVERY of its worker's death, read
+or not. Each step is claimed (:meth:`JobStore.claim`), so several readers, sweepers and
+workers on one Redis settle a run once and start a run once.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ log = logging.getLogger("flask_animegan")
 REPORT_EVERY = 0.5
 #: Runs of one job at most: the first and one after a stalled worker.
 MAX_ATTEMPTS = 2
+#: Most seconds between two sweeps of a worker (a quarter of the stall time when shorter).
+SWEEP_EVERY = 5.0
 STALLED = "the worker converting it stopped; send the file again"
 INTERNAL = "the conversion failed on the server; try again, or send another file"
 
@@ -87,6 +95,13 @@ class Jobs:
             max_frames=settings.max_frames, max_seconds=settings.max_seconds,
             max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels,
             max_total_pixels=settings.max_frames * settings.max_frame_pixels)
+        queue.sweep_with(self.sweep, self.sweep_every)
+
+    @property
+    def sweep_every(self) -> float:
+        """Seconds between two sweeps of a worker: SWEEP_EVERY, or a quarter of
+        ANIMEGAN_JOB_STALL_SECONDS when that is shorter."""
+        return min(SWEEP_EVERY, self.settings.job_stall_seconds / 4)
 
     # -- at the door (the web process) -------------------------------------------------
     def probe(self, data: bytes) -> MediaInfo:
@@ -102,7 +117,7 @@ class Jobs:
                client: str) -> JobRecord:
         """Make a job of a probed upload and queue it. Raises Overloaded (503) when the
         queue is full or the storage refuses the job; the views check the client's limits
-        (:meth:`JobStore.unfinished`, the rate limit) before."""
+        (:meth:`unfinished`, the rate limit) before."""
         record = self.store.create(data, client=client, style=style, size=size,
                                    kind=info.kind, format=info.format,
                                    frames_total=info.frames)
@@ -120,11 +135,37 @@ class Jobs:
         record = self.store.get(job_id)
         return self.settle(record) if record is not None else None
 
+    def unfinished(self, client: str) -> int:
+        """How many of the client's newest jobs are queued or running, stalled runs
+        settled first (a job whose worker died is no longer counted once it failed)."""
+        return sum(1 for record in self.store.client_jobs(client)
+                   if not self.settle(record).finished)
+
+    def sweep(self) -> int:
+        """Settle the stalled runs among the newest started (JobStore.started), read by
+        a client or not; how many stalled runs it found."""
+        stalled = [record for record in self.store.started() if self._stalled(record)]
+        for record in stalled:
+            self.settle(record)
+        return len(stalled)
+
+    def _stalled(self, record: JobRecord) -> bool:
+        return (record.state == JobState.RUNNING
+                and time.time() - record.updated_at > self.settings.job_stall_seconds)
+
     def settle(self, record: JobRecord) -> JobRecord:
-        """A running job whose worker stopped reporting is queued again (once) or failed."""
-        stale = time.time() - record.updated_at > self.settings.job_stall_seconds
-        if record.state != JobState.RUNNING or not stale:
+        """A running job whose worker stopped reporting is queued again (once) or failed:
+        the one rule of the readers and the sweep. Of several settling one run at once,
+        the one that claims it does; the others get the record as stored."""
+        if not self._stalled(record):
             return record
+        stall = self.settings.job_stall_seconds
+        if not self.store.claim(record.id, f"settle-{record.attempts}", stall):
+            return self.store.get(record.id) or record
+        current = self.store.get(record.id)  # it may have reported since it was read
+        if current is None or current.attempts != record.attempts or not self._stalled(current):
+            return current or record
+        record = current
         if record.attempts < MAX_ATTEMPTS and not record.cancel_requested:
             log.warning("flask_animegan: job %s stalled (no report for %.0f s); queued again",
                         record.id, time.time() - record.updated_at)
@@ -171,9 +212,12 @@ class Jobs:
             self._finish(record, JobState.FAILED, "the upload expired before a worker "
                                                   "took the job; send it again")
             return
+        if not self.store.claim(job_id, f"run-{record.attempts + 1}",
+                                self.settings.job_stall_seconds):
+            return  # a second entry of this run in the queue: another worker has it
         record.state, record.attempts = JobState.RUNNING, record.attempts + 1
         record.started_at = record.updated_at = time.time()
-        self.store.update(record)
+        self.store.start(record)
         try:
             self._convert(record, data)
         except JobTaken:

@@ -115,7 +115,7 @@ def _charge_frames(info: MediaInfo) -> None:
             fits = counted.limiter.test(item, *args, cost=cost - 1)
             if fits:
                 counted.limiter.hit(item, *args, cost=cost - 1)
-        except Exception:  # noqa: BLE001 - a host Limiter's storage failed: as its headers do
+        except Exception:  # a host Limiter's storage failed: as its headers do
             log.warning("flask_animegan: a job's frames could not be counted against the "
                         "rate limit", exc_info=True)
             return
@@ -150,7 +150,7 @@ def start_job(data: bytes, params: Any, info: MediaInfo | None = None) -> JobRec
             f"{url_for('.convert')}, which converts it at once")
     jobs = _jobs()
     client = client_key(service.limiter)
-    unfinished = jobs.store.unfinished(client)
+    unfinished = jobs.unfinished(client)
     cap = service.settings.jobs_per_client
     if unfinished >= cap:
         raise TooManyJobs(f"you already have {unfinished} unfinished jobs (the limit is "

@@ -119,6 +119,12 @@ class Storage(ABC):
     def set(self, key: str, value: bytes, ttl: float) -> bool:
         """Store ``value`` under ``key`` for ``ttl`` seconds; ``False`` when it was not stored."""
 
+    def add(self, key: str, value: bytes, ttl: float) -> bool:
+        """Store ``value`` under ``key`` for ``ttl`` seconds only if ``key`` holds nothing;
+        whether it did. Atomic on memory and Redis (one ``SET NX``), so of several
+        processes claiming one key exactly one wins; this default is not atomic."""
+        return self.get(key) is None and self.set(key, value, ttl)
+
     @abstractmethod
     def index(self, name: str, limit: int) -> list[bytes]:
         """Up to ``limit`` members of the list ``name``, newest first (``[]`` if none)."""

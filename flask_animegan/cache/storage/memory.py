@@ -60,6 +60,12 @@ class MemoryStorage(Storage):
         with self._lock:
             return self._store(("value", key), _Item(bytes(value), ttl))
 
+    def add(self, key: str, value: bytes, ttl: float) -> bool:
+        with self._lock:
+            if self._items.get(("value", key)) is not None:
+                return False
+            return self._store(("value", key), _Item(bytes(value), ttl))
+
     def index(self, name: str, limit: int) -> list[bytes]:
         with self._lock:
             item = self._items.get(("index", name))

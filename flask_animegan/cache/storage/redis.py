@@ -138,6 +138,13 @@ class RedisStorage(Storage):
             lambda client: bool(client.set(self.prefix + key, value, px=_milliseconds(ttl))),
             False, write=True)
 
+    def add(self, key: str, value: bytes, ttl: float) -> bool:
+        if ttl <= 0:
+            return False
+        return self._server.run(
+            lambda client: bool(client.set(self.prefix + key, value, px=_milliseconds(ttl),
+                                           nx=True)), False, write=True)
+
     def index(self, name: str, limit: int) -> list[bytes]:
         if limit <= 0:
             return []
