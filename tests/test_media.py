@@ -5,18 +5,19 @@ with 413 before or while decoding, and generated corrupt inputs for every format
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import struct
 from collections import Counter
 
+import media as clips
 import pytest
 from PIL import Image
+from upload_variants import bit_flips, prefixes
 
-import media as clips
 from flask_animegan.errors import BadImage, ImageTooLarge, UnsupportedImage
 from flask_animegan.inputs import frames_helper, media
 from flask_animegan.inputs.decoding import DecodeLimits
 from flask_animegan.inputs.media import MediaInfo, MediaLimits
-from upload_variants import bit_flips, prefixes
 
 LIMITS, DECODE = MediaLimits(), DecodeLimits()
 EXPECTED = (BadImage, UnsupportedImage, ImageTooLarge)
@@ -67,7 +68,7 @@ def test_animation_round_trip(name, isolated):
     elif name == "apng":
         assert {f.disposal for f in frames} == {1}
     # the camera moves: no two consecutive frames are the same picture
-    assert all(a.image.tobytes() != b.image.tobytes() for a, b in zip(frames, frames[1:]))
+    assert all(a.image.tobytes() != b.image.tobytes() for a, b in itertools.pairwise(frames))
 
 
 def test_transparent_gif_frames_are_over_white():
@@ -109,7 +110,7 @@ def test_static_shot_frames_are_the_same_photo_by_the_cache_rule():
     _, frames = probe_and_frames(clips.video_clip(seconds=2, fps=10, size=(128, 96),
                                                   static_seconds=1, crf=6), False, size=128)
     prints = [Fingerprint.of(frame.image, 16) for frame in frames]
-    same = [a.same_photo(b, 6) for a, b in zip(prints, prints[1:])]
+    same = [a.same_photo(b, 6) for a, b in itertools.pairwise(prints)]
     assert same[:9] == [True] * 9
     assert same[10:] == [False] * 9
 
@@ -372,7 +373,7 @@ def corrupt_variants(name: str) -> list[tuple[str, bytes]]:
 
 def _outcome(data: bytes, isolated: bool) -> str:
     try:
-        info, frames = probe_and_frames(data, isolated)
+        info, _frames = probe_and_frames(data, isolated)
     except EXPECTED as exc:
         return exc.__class__.__name__
     return info.kind

@@ -133,12 +133,12 @@ def probe(data: bytes, limits: MediaLimits, decode: DecodeLimits) -> MediaInfo:
         raise BadImage(f"the upload is empty; {MEDIA_HINT}")
     video = _video_demuxer(data)
     if video is not None:
-        info = _probe_video(data, video, decode)
+        info = _probe_video(data, video, decode, min(limits.max_pixels, decode.max_pixels))
     else:
         info = _probe_picture(data, decode)
     if info.kind != "still":
         check(info, limits, decode)
-    if video is not None and abs(_video_rotation(data, video)) == 90:
+    if video is not None and abs(_video_rotation(data, video, info)) == 90:
         # shown upright (a phone held upright): the frames come out the displayed size;
         # the limits held above are the same for both (the area, the aspect either way)
         info = dataclasses.replace(info, width=info.height, height=info.width)
@@ -344,11 +344,16 @@ def _video_demuxer(data: bytes) -> str | None:
     return None
 
 
-def _open_video(data: bytes, demuxer: str) -> Any:
+def _open_video(data: bytes, demuxer: str, max_pixels: int | None = None) -> Any:
+    """The container; ``max_pixels``: the frames FFmpeg decodes while it opens the file
+    (to find the streams' parameters) are refused over it before they are allocated (the
+    size still comes from the headers: 25 MiB instead of 151 MiB for 8000x8000 H.264)."""
     import av
 
-    return av.open(io.BytesIO(data), format=demuxer,
-                   options={"probesize": "1000000", "analyzeduration": "1000000"})
+    options = {"probesize": "1000000", "analyzeduration": "1000000"}
+    if max_pixels is not None:
+        options["max_pixels"] = str(2 * max_pixels + (1 << 20))  # see _cap_pixels
+    return av.open(io.BytesIO(data), format=demuxer, options=options)
 
 
 def _video_format(data: bytes, demuxer: str) -> str:
@@ -357,10 +362,11 @@ def _video_format(data: bytes, demuxer: str) -> str:
     return "WEBM" if b"webm" in data[:64] else "MKV"
 
 
-def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits) -> MediaInfo:
+def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits,
+                 max_pixels: int) -> MediaInfo:
     fmt = _video_format(data, demuxer)
     try:
-        with _open_video(data, demuxer) as container:
+        with _open_video(data, demuxer, max_pixels) as container:
             if not container.streams.video:
                 raise BadImage(f"the {fmt} file has no video stream; {MEDIA_HINT}")
             stream = container.streams.video[0]
@@ -395,12 +401,21 @@ def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits) -> MediaInfo:
     return MediaInfo("video", fmt, width, height, frames, duration, fps, has_audio, None)
 
 
+def _cap_pixels(stream: Any, pixels: int) -> None:
+    """Make FFmpeg's decoder refuse a frame far over ``pixels`` before it allocates it: a
+    stream may change its size in-band (a new H.264 SPS) after a small first frame and
+    header; the refusal is a decode error (BadImage, 400). FFmpeg counts its padded,
+    aligned buffers (a 96x64 frame needs 1.5 times its pixels, 1000x1000 1.1 times), so
+    the cap is twice ``pixels`` and a megapixel; the exact limit is _Counter's."""
+    stream.codec_context.options = {"max_pixels": str(2 * pixels + (1 << 20))}
+
+
 #: Packets :func:`_video_rotation` reads at most for its first frame (a decoder's delay:
 #: H.264 holds up to 16 frames back).
 _ROTATION_PACKETS = 32
 
 
-def _video_rotation(data: bytes, demuxer: str) -> int:
+def _video_rotation(data: bytes, demuxer: str, info: MediaInfo) -> int:
     """The counter-clockwise rotation (degrees, -180 to 180) that shows the video upright,
     from its display matrix (a phone's MP4/MOV, a Matroska projection). FFmpeg attaches the
     matrix to decoded frames only, so this decodes the first one, after the limits are
@@ -409,6 +424,7 @@ def _video_rotation(data: bytes, demuxer: str) -> int:
     with contextlib.suppress(Exception), _open_video(data, demuxer) as container:
         stream = container.streams.video[0]
         stream.thread_count = 1
+        _cap_pixels(stream, info.width * info.height)
         stream.codec_context.skip_frame = "NONKEY"  # the first frame is a key frame
         for count, packet in enumerate(container.demux(stream)):
             for frame in stream.decode(packet):
@@ -518,6 +534,7 @@ def _video_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int,
     with _open_video(data, demuxer) as container:
         stream = container.streams.video[0]
         stream.thread_count = 1  # one frame in flight: the memory bound holds
+        _cap_pixels(stream, counter.limits.max_pixels)
         start: float | None = None
         for index, frame in enumerate(container.decode(stream)):
             time = frame.time
