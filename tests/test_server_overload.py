@@ -175,6 +175,37 @@ def test_a_refused_upload_gets_its_503_and_keeps_its_connection(models_dir, tmp_
         server.stop()
 
 
+def test_every_answer_before_the_body_keeps_its_connection(models_dir, tmp_path):
+    """A 429 of the rate limit and a 400 for a parameter are answered before the upload is
+    read too; each of them, on one keep-alive connection, reaches the client whole after
+    a 13 MB upload, and the connection serves the next request."""
+    server = start(models_dir, tmp_path, ANIMEGAN_RATE_LIMIT="2 per hour")
+    data = big_upload()
+
+    def post(query: bytes) -> bytes:
+        return (b"POST /animegan/convert?" + query + b" HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+            sock.sendall(post(b"size=banana"))
+            status, body = _read_response(sock)
+            assert status.startswith(b"HTTP/1.1 400") and b"size" in body, status
+            for _ in range(2):  # the limit's two
+                sock.sendall(post(b"size=128"))
+                status, _ = _read_response(sock)
+                assert status.split(b" ")[1] in (b"200", b"400", b"429"), status
+            for _ in range(2):
+                sock.sendall(post(b"size=128"))
+                status, body = _read_response(sock)
+                assert status.startswith(b"HTTP/1.1 429"), status
+            sock.sendall(b"GET /animegan/healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, _ = _read_response(sock)
+            assert status.startswith(b"HTTP/1.1 200"), status
+    finally:
+        server.stop()
+
+
 def test_sigterm_lets_the_in_flight_conversion_finish(models_dir, tmp_path):
     server = start(models_dir, tmp_path, ANIMEGAN_MAX_SIDE="1024", ANIMEGAN_PRECISION="fp32")
     outcome: dict = {}

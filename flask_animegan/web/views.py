@@ -37,7 +37,6 @@ from ..errors import (
     BadParameter,
     ConversionError,
     ImageTooLarge,
-    Overloaded,
     UnsupportedImage,
 )
 from ..inputs.formats import encode
@@ -80,11 +79,8 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
         # Before anything reads the upload: an app with its conversions all in use
         # answers 503 at once, and one thread stays free for /healthz and the pages
         # (runtime/admission.py). Left in _leave_admission, however the request ends.
-        try:
-            g.animegan_admission = get_service().admission.enter()
-        except Overloaded:
-            _drop_body(get_service().max_upload_bytes)
-            raise
+        # A refused one's body is dropped before its 503 goes (_drop_unread_body).
+        g.animegan_admission = get_service().admission.enter()
     # Werkzeug answers 413 from Content-Length before reading the body. A chunked
     # body has no length: Werkzeug then stops reading at the limit without an error,
     # so allow one byte more and refuse the body if it gets there (_read_upload).
@@ -94,27 +90,38 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
     csrf.exempt_from_host(convert)  # why that is safe: csrf.py
 
 
-def _drop_body(limit: int) -> bool:
-    """Read and drop a refused request's body, for at most :data:`DROP_BODY_SECONDS`;
-    True when it was all read (the connection stays usable).
+@blueprint.after_request
+def _drop_unread_body(response: Response) -> Response:
+    """Every answer to a conversion is sent once its upload is in: read by the view, or
+    read and dropped here, for at most :data:`DROP_BODY_SECONDS` (a 503 of the
+    admission, a 429, a 400 for a parameter, a 413 of a chunked body are all answered
+    before the body is read).
 
     A server that answers before the body is read and closes the connection has the
     kernel reset it while the body is still arriving, and a reset can destroy the answer
-    before the client reads it (gunicorn drops at most 64 KiB of an unread body, then
-    closes; it sends its own Connection header, whatever the app's says). So the 503 is
-    sent once the body is in, and the connection stays open for the next request. A
-    client that sends its body slower than that gets the 503 after that second, and
-    gunicorn closes the connection a few seconds later: one still sending then may see a
-    reset. Behind nginx (deploy/nginx.conf), which reads the whole body before it
-    passes a request on, none does."""
+    before the client reads it: gunicorn drops at most 64 KiB of an unread body, then
+    closes (and it writes its own Connection header, whatever the app's says). A body
+    already read costs one empty read here. A client that sends its body slower than
+    that gets its answer after that second, and gunicorn closes the connection a few
+    seconds later: one still sending then may see a reset. Behind nginx
+    (deploy/nginx.conf), which reads the whole body before it passes a request on, none
+    does."""
+    if request.endpoint in LIMITED_ENDPOINTS and request.method == "POST":
+        _drop_body(get_service().max_upload_bytes)
+    return response
+
+
+def _drop_body(limit: int) -> bool:
+    """Read and drop what is left of the request's body, for at most
+    :data:`DROP_BODY_SECONDS` and ``limit`` bytes; True when it was all read."""
     length = request.content_length
     if length is not None and length > limit:
-        return False  # more than the limit: not worth reading (413 would say so)
-    stream = request.environ["wsgi.input"]
+        return False  # more than the limit: not worth reading (413 says so)
     sock = request.environ.get("gunicorn.socket")
     deadline = time.monotonic() + DROP_BODY_SECONDS
-    left = limit + 1 if length is None else length
+    left = limit + 1
     try:
+        stream = request.stream  # knows what the view read already, and where the body ends
         while left > 0:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -123,10 +130,10 @@ def _drop_body(limit: int) -> bool:
                 sock.settimeout(remaining)
             chunk = stream.read(min(left, 1 << 20))
             if not chunk:
-                return length is None  # a chunked body's end; a short one is cut off
+                return True
             left -= len(chunk)
-        return length is not None  # all of it; a chunked body past the limit is not
-    except (OSError, ValueError):  # socket.timeout is an OSError
+        return False  # past the limit
+    except (OSError, ValueError, HTTPException):  # socket.timeout is an OSError
         return False
     finally:
         if sock is not None:
