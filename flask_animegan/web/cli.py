@@ -339,7 +339,9 @@ def worker_command(burst: bool, name: str | None) -> None:
     Run as many as you like, on any machine that reaches the Redis of
     ANIMEGAN_RESULT_STORAGE_URI (else ANIMEGAN_STORAGE_URI), with the same settings and
     styles as the web app. Each loads and warms up the default style once, then takes
-    jobs with the same thread caps and backend choice as a web process.
+    jobs with the same thread caps and backend choice as a web process. Each also sweeps
+    the jobs every few seconds: a job whose worker stopped reporting (killed, its machine
+    lost) is queued again once, else marked failed.
 
     \b
     Example:
