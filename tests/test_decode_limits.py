@@ -126,10 +126,11 @@ def test_a_decode_past_its_time_budget_is_killed_and_the_helper_replaced():
 def test_a_decode_past_its_memory_budget_fails_in_the_helper_not_the_server():
     from dataclasses import asdict
 
+    from flask_animegan.inputs.helper import MODULE
     from flask_animegan.inputs.isolation import HelperPool
 
     big = encode_image(Image.effect_noise((3000, 3000), 64).convert("RGB"), "PNG")
-    pool = HelperPool()
+    pool = HelperPool(MODULE)
     helper = pool.take()
     try:
         # the header check is lifted (max_bytes 1 GiB) to reach the address-space

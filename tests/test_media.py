@@ -4,6 +4,7 @@ with 413 before or while decoding, and generated corrupt inputs for every format
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import itertools
 import struct
@@ -14,7 +15,7 @@ import pytest
 from PIL import Image
 from upload_variants import bit_flips, prefixes
 
-from flask_animegan.errors import BadImage, ImageTooLarge, UnsupportedImage
+from flask_animegan.errors import BadImage, ImageTooLarge, Overloaded, UnsupportedImage
 from flask_animegan.inputs import frames_helper, media
 from flask_animegan.inputs.decoding import DecodeLimits
 from flask_animegan.inputs.media import MediaInfo, MediaLimits
@@ -648,3 +649,33 @@ def test_a_helper_whose_caller_is_gone_exits_quietly():
     stderr = helper.stderr.read()
     helper.stderr.close()
     assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr, stderr.decode()
+
+
+@pytest.mark.parametrize("what", ["probe", "frames"])
+def test_a_frames_helper_that_got_no_cpu_blames_the_load_not_the_file(what):
+    """The photo helper's rule (isolation.STARVED_SHARE): a helper stopped outright
+    (SIGSTOP, as a busy machine starves it) past its timeout is a 503 to try again with
+    Retry-After, not a 413 for the file; the next request gets a fresh helper."""
+    import os
+    import signal
+
+    data = clips.video_clip(1, audio=False)
+    info = media.probe(data, LIMITS, DECODE)
+    frames_helper.POOL.close()
+    frames_helper.POOL.prestart(1)
+    helper = frames_helper.POOL._idle[0]
+    os.kill(helper.process.pid, signal.SIGSTOP)
+    killed = frames_helper.POOL.killed
+    try:
+        with pytest.raises(Overloaded, match="too busy") as refused:
+            if what == "probe":
+                frames_helper.isolated_probe(data, LIMITS, DECODE, timeout=1.0)
+            else:
+                list(frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
+                                                   timeout_per_frame=1.0))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper.process.pid, signal.SIGCONT)
+    assert refused.value.status == 503 and refused.value.retry_after >= 1
+    assert frames_helper.POOL.killed == killed + 1
+    assert len(probe_and_frames(data, True)[1]) == 10

@@ -27,30 +27,32 @@ request of this process.
 from __future__ import annotations
 
 import atexit
-import contextlib
-import json
+import math
 import mmap
-import os
-import resource
-import select
-import signal
-import subprocess
-import sys
-import threading
 import time
 import warnings
 from collections.abc import Generator
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from PIL import Image
 
-from ..errors import BadImage, ConversionError, ImageTooLarge, UnsupportedImage
-from ..process import configure_decoding
+from ..errors import (
+    BadImage,
+    ConversionError,
+    ImageTooLarge,
+    Overloaded,
+    UnsupportedImage,
+)
 from . import media
 from .decoding import DecodeLimits
-from .helper import FRAME, read_exact
+from .helper_process import (
+    HelperPool,
+    HelperProcess,
+    address_space_limit,
+    serve,
+    write_answer,
+)
 from .media import AudioTrack, Frame, MediaInfo, MediaLimits
 
 _ERRORS: dict[str, type[ConversionError]] = {
@@ -67,109 +69,13 @@ def default_memory(decode: DecodeLimits, size: int) -> int:
 
 
 # -- the caller's side -------------------------------------------------------------------
-class _Helper:
-    """One helper process, owned by the process that started it."""
-
-    def __init__(self) -> None:
-        package_parent = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_parent,
-                                                          env.get("PYTHONPATH"))))
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[var] = "1"
-        self.owner = os.getpid()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "flask_animegan.inputs.frames_helper"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
-
-    def send(self, header: dict[str, Any], data: bytes) -> None:
-        head = json.dumps(header).encode()
-        stdin = self.process.stdin
-        assert stdin is not None  # stdin=PIPE
-        stdin.write(FRAME.pack(len(head), len(data)) + head)
-        stdin.write(data)
-
-    def receive(self, deadline: float) -> tuple[dict[str, Any], bytes]:
-        """One answer, by ``deadline`` (monotonic) or TimeoutError."""
-        head_len, payload_len = FRAME.unpack(self._read(FRAME.size, deadline))
-        answer = json.loads(self._read(head_len, deadline))
-        return answer, self._read(payload_len, deadline)
-
-    def _read(self, count: int, deadline: float) -> bytes:
-        assert self.process.stdout is not None  # stdout=PIPE
-        fd = self.process.stdout.fileno()
-        chunks, remaining = [], count
-        while remaining:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError
-            chunk = os.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                raise EOFError("the frames helper exited")
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
-
-    def died_of_a_crash(self) -> bool:
-        """Whether the helper ended by a signal other than a kill (the kernel's OOM
-        killer sends SIGKILL; a decoder that crashes, SIGSEGV or SIGABRT)."""
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(1)
-        code = self.process.returncode
-        return code is not None and code < 0 and -code != signal.SIGKILL
-
-    def kill(self) -> None:
-        if self.owner != os.getpid():
-            return  # inherited across a fork: the parent's, not ours to kill
-        with contextlib.suppress(OSError):
-            self.process.kill()
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            self.process.wait(5)
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-
-
-class _Pool:
-    """Idle helpers of this process, reused by later requests."""
-
-    def __init__(self) -> None:
-        self._idle: list[_Helper] = []
-        self._lock = threading.Lock()
-        self.started = 0
-        self.killed = 0
-
-    def take(self) -> _Helper:
-        with self._lock:
-            while self._idle:
-                helper = self._idle.pop()
-                if helper.owner == os.getpid() and helper.process.poll() is None:
-                    return helper
-            self.started += 1
-        return _Helper()
-
-    def give_back(self, helper: _Helper) -> None:
-        with self._lock:
-            self._idle.append(helper)
-
-    def discard(self, helper: _Helper) -> None:
-        with self._lock:
-            self.killed += 1
-        helper.kill()
-
-    def close(self) -> None:
-        with self._lock:
-            helpers, self._idle = self._idle, []
-        for helper in helpers:
-            helper.kill()
-
-
-POOL = _Pool()
+#: What :class:`~.helper_process.HelperProcess` runs for animations and videos.
+MODULE = "flask_animegan.inputs.frames_helper"
+POOL = HelperPool(MODULE)
 atexit.register(POOL.close)
 
 
-def _failure(helper: _Helper, what: str) -> ConversionError:
+def _failure(helper: HelperProcess, what: str) -> ConversionError:
     """The error for a helper that stopped answering (it is killed already)."""
     if helper.died_of_a_crash():
         return BadImage(f"the {what} crashed the decoder; it is corrupt. "
@@ -178,17 +84,28 @@ def _failure(helper: _Helper, what: str) -> ConversionError:
                          "limit; send a smaller one")
 
 
+def _overloaded(what: str, waited: float) -> Overloaded:
+    """The error for a request that timed out while its helper hardly ran (the helper
+    is killed already): the machine is busy, the file is not at fault (503)."""
+    wait = max(1, math.ceil(waited))
+    return Overloaded(f"the server is too busy to {what} now; try again in {wait} s", wait)
+
+
 def isolated_probe(data: bytes, limits: MediaLimits, decode: DecodeLimits,
                    timeout: float, *, memory: int | None = None) -> MediaInfo:
     """:func:`.media.probe` in a helper process, killed after ``timeout`` s."""
     header = {"op": "probe", "limits": asdict(limits), "decode": asdict(decode),
               "memory": memory or default_memory(decode, 0)}
     helper = POOL.take()
+    cpu_before = helper.cpu_seconds()
     try:
         helper.send(header, data)
         answer, _ = helper.receive(time.monotonic() + timeout)
     except TimeoutError:
+        starved = helper.starved(cpu_before, timeout)
         POOL.discard(helper)
+        if starved:
+            raise _overloaded("read the file", timeout) from None
         raise ImageTooLarge(f"the file took more than {timeout:g} s to read; send a "
                             "smaller or simpler one") from None
     except (OSError, EOFError, ValueError):
@@ -221,9 +138,12 @@ def isolated_frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: D
             wait = timeout_per_frame
             if timeout_total is not None:
                 wait = min(wait, max(0.0, timeout_total - waited))
+            cpu_before = helper.cpu_seconds()
             try:
                 answer, pixels = helper.receive(started + wait)
             except TimeoutError:
+                if helper.starved(cpu_before, wait):
+                    raise _overloaded(f"decode the {info.kind}", wait) from None
                 total = timeout_total is not None and waited + wait >= timeout_total
                 raise ImageTooLarge(
                     f"decoding the {info.kind} took more than "
@@ -264,11 +184,15 @@ def isolated_audio(data: bytes, info: MediaInfo, limits: MediaLimits, timeout: f
     header = {"op": "audio", "limits": asdict(limits), "decode": asdict(DecodeLimits()),
               "info": asdict(info), "memory": memory or audio_memory(info, limits)}
     helper = POOL.take()
+    cpu_before = helper.cpu_seconds()
     try:
         helper.send(header, data)
         answer, payload = helper.receive(time.monotonic() + timeout)
     except TimeoutError:
+        starved = helper.starved(cpu_before, timeout)
         POOL.discard(helper)
+        if starved:
+            raise _overloaded("read the video's audio", timeout) from None
         raise ImageTooLarge(f"the video's audio took more than {timeout:g} s to read; "
                             "send it with a shorter or simpler audio track") from None
     except (OSError, EOFError, ValueError):
@@ -293,18 +217,6 @@ def frame_of(header: dict[str, Any], pixels: bytes) -> Frame:
 
 
 # -- the helper's side -------------------------------------------------------------------
-def _address_space() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[0]) * resource.getpagesize()
-
-
-def _answer(out: BinaryIO, header: dict[str, Any], payload: bytes = b"") -> None:
-    head = json.dumps(header).encode()
-    out.write(FRAME.pack(len(head), len(payload)) + head)
-    out.write(payload)
-    out.flush()
-
-
 def _error(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ConversionError):
         return {"ok": False, "error": exc.__class__.__name__, "message": str(exc)}
@@ -317,7 +229,7 @@ def _error(exc: BaseException) -> dict[str, Any]:
                        f"{media.MEDIA_HINT}"}
 
 
-def _starved(count: int) -> bool:
+def _out_of_reach(count: int) -> bool:
     """Whether ``count`` more bytes of address space are out of reach (an anonymous map
     counts against RLIMIT_AS without touching a page)."""
     try:
@@ -329,32 +241,30 @@ def _starved(count: int) -> bool:
 
 def _serve(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
     """Answer one request, under its address-space limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = _address_space() + int(request["memory"])
-    if hard != resource.RLIM_INFINITY:
-        cap = min(cap, hard)
     limits = MediaLimits(**request["limits"])
     decode = DecodeLimits(**request["decode"])
     need = _PROBE_BYTES
     try:
-        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-        try:
-            with warnings.catch_warnings():
-                # Pillow's complaints about hostile files would fill the server's log
-                warnings.simplefilter("ignore", UserWarning)
-                _run(out, request, data, limits, decode)
-        except BrokenPipeError:
-            raise  # the caller is gone (main ends)
-        except BadImage as exc:
-            # FFmpeg reports a failed allocation as corrupt data: if the decode's own
-            # estimate no longer fits under the limit, it was the memory
-            if request["op"] == "frames":
-                need = media.frame_bytes_needed(MediaInfo(**request["info"]))
-            _answer(out, _error(MemoryError() if _starved(need) else exc))
-        except Exception as exc:  # noqa: BLE001 - never die on a file
-            _answer(out, _error(exc))
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        with address_space_limit(int(request["memory"])):
+            try:
+                with warnings.catch_warnings():
+                    # Pillow's complaints about hostile files would fill the server's log
+                    warnings.simplefilter("ignore", UserWarning)
+                    _run(out, request, data, limits, decode)
+            except BrokenPipeError:
+                raise  # the caller is gone (serve ends the helper)
+            except BadImage as exc:
+                # FFmpeg reports a failed allocation as corrupt data: if the decode's own
+                # estimate no longer fits under the limit, it was the memory
+                if request["op"] == "frames":
+                    need = media.frame_bytes_needed(MediaInfo(**request["info"]))
+                write_answer(out, _error(MemoryError() if _out_of_reach(need) else exc))
+            except Exception as exc:  # noqa: BLE001 - never die on a file
+                write_answer(out, _error(exc))
+    except BrokenPipeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the limit could not be set
+        write_answer(out, _error(exc))
 
 
 #: What a probe needs at most beside the file (FFmpeg's probe buffers, Pillow's header).
@@ -365,15 +275,15 @@ def _run(out: BinaryIO, request: dict[str, Any], data: bytes, limits: MediaLimit
          decode: DecodeLimits) -> None:
     if request["op"] == "probe":
         info = media.probe(data, limits, decode)
-        _answer(out, {"ok": True, "info": asdict(info)})
+        write_answer(out, {"ok": True, "info": asdict(info)})
         return
     info = MediaInfo(**request["info"])
     if request["op"] == "audio":
         track = media.audio(data, info, limits)
         if track is None:
-            _answer(out, {"ok": True, "audio": None})
+            write_answer(out, {"ok": True, "audio": None})
         else:
-            _answer(out, {"ok": True, "audio": {"codec": track.codec,
+            write_answer(out, {"ok": True, "audio": {"codec": track.codec,
                                                 "transcoded": track.transcoded,
                                                 "complete": track.complete}}, track.data)
         return
@@ -382,31 +292,12 @@ def _run(out: BinaryIO, request: dict[str, Any], data: bytes, limits: MediaLimit
         head = {"index": frame.index, "width": frame.image.width,
                 "height": frame.image.height, "duration_ms": frame.duration_ms,
                 "disposal": frame.disposal, "pts": frame.pts}
-        _answer(out, {"ok": True, "frame": head}, frame.image.tobytes())
-    _answer(out, {"ok": True, "end": True})
+        write_answer(out, {"ok": True, "frame": head}, frame.image.tobytes())
+    write_answer(out, {"ok": True, "end": True})
 
 
 def main() -> None:
-    configure_decoding()
-    # Answers go to the original stdout; anything a library prints goes to stderr.
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    stdin = sys.stdin.buffer
-    while True:
-        frame = read_exact(stdin, FRAME.size)
-        if frame is None:
-            return
-        head_len, data_len = FRAME.unpack(frame)
-        head = read_exact(stdin, head_len)
-        data = read_exact(stdin, data_len)
-        if head is None or data is None:
-            return
-        try:
-            _serve(out, json.loads(head), data)
-        except BrokenPipeError:
-            # the caller stopped reading (it closed the stream or was killed): nothing is
-            # left to answer, and no traceback for its log (nor a flush at exit) is wanted
-            os._exit(0)
+    serve(_serve)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,6 @@ closes (its server is gone).
 
 from __future__ import annotations
 
-import json
-import os
-import resource
-import struct
-import sys
 import warnings
 from dataclasses import fields
 from typing import Any, BinaryIO
@@ -31,10 +26,13 @@ from typing import Any, BinaryIO
 from PIL import Image
 
 from ..errors import BadImage, ConversionError, ImageTooLarge
-from ..process import configure_decoding
 from .decoding import DecodedUpload, DecodeLimits, decode_upload
+from .helper_process import FRAME, address_space_limit, read_exact, serve, write_answer
 
-FRAME = struct.Struct(">II")
+__all__ = ["FRAME", "MODULE", "NICENESS", "answer_of", "read_exact", "upload_of"]
+
+#: What :class:`~.helper_process.HelperProcess` runs for photos.
+MODULE = "flask_animegan.inputs.helper"
 #: Helpers run at a lower CPU priority than the server: a flood of slow decodes then takes
 #: only the CPU that the server's own threads (/healthz, the pages, inference) leave.
 NICENESS = 10
@@ -58,48 +56,16 @@ def upload_of(header: dict[str, Any], pixels: bytes) -> DecodedUpload:
     return DecodedUpload(image=image, **values)
 
 
-def read_exact(stream: BinaryIO, count: int) -> bytes | None:
-    """``count`` bytes from ``stream``, or None at end of file."""
-    chunks, remaining = [], count
-    while remaining:
-        chunk = stream.read(remaining)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def _address_space() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[0]) * resource.getpagesize()
-
-
-def _answer(out: BinaryIO, header: dict[str, Any], payload: bytes = b"") -> None:
-    head = json.dumps(header).encode()
-    out.write(FRAME.pack(len(head), len(payload)) + head)
-    out.write(payload)
-    out.flush()
-
-
 def _decode(request: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes]:
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = _address_space() + int(request["memory"])
-    if hard != resource.RLIM_INFINITY:
-        cap = min(cap, hard)
     try:
-        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-        try:
-            with warnings.catch_warnings():
-                # Pillow's complaints about hostile files ("Corrupt EXIF data", ...)
-                # would fill the server's log; the bomb warning stays an error.
-                warnings.simplefilter("ignore", UserWarning)
-                decoded = decode_upload(data, DecodeLimits(**request["limits"]),
-                                        size=int(request["size"]),
-                                        square=bool(request["square"]))
+        with address_space_limit(int(request["memory"])), warnings.catch_warnings():
+            # Pillow's complaints about hostile files ("Corrupt EXIF data", ...)
+            # would fill the server's log; the bomb warning stays an error.
+            warnings.simplefilter("ignore", UserWarning)
+            decoded = decode_upload(data, DecodeLimits(**request["limits"]),
+                                    size=int(request["size"]),
+                                    square=bool(request["square"]))
             answer = answer_of(decoded)
-        finally:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     except ConversionError as exc:
         return {"ok": False, "error": exc.__class__.__name__, "message": str(exc)}, b""
     except MemoryError:
@@ -112,23 +78,12 @@ def _decode(request: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes
     return answer
 
 
+def _answer(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
+    write_answer(out, *_decode(request, data))
+
+
 def main() -> None:
-    os.nice(NICENESS)
-    configure_decoding()
-    # Answers go to the original stdout; anything a library prints goes to stderr.
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    stdin = sys.stdin.buffer
-    while True:
-        frame = read_exact(stdin, FRAME.size)
-        if frame is None:
-            return
-        head_len, data_len = FRAME.unpack(frame)
-        head = read_exact(stdin, head_len)
-        data = read_exact(stdin, data_len)
-        if head is None or data is None:
-            return
-        _answer(out, *_decode(json.loads(head), data))
+    serve(_answer, niceness=NICENESS)
 
 
 if __name__ == "__main__":

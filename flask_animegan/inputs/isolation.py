@@ -18,17 +18,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import math
-import os
-import select
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from ..config import ISOLATIONS, Settings
@@ -41,11 +35,10 @@ from ..errors import (
 )
 from . import decoding
 from .decoding import DecodedUpload, DecodeLimits
-from .helper import FRAME, upload_of
+from .helper import MODULE, upload_of
+from .helper_process import STARVED_SHARE, HelperPool
 
-#: A decode that runs past its timeout having had less than this share of it in CPU time
-#: was starved by the load (503, try again), not slow by itself (413, send another file).
-STARVED_SHARE = 0.5
+__all__ = ["STARVED_SHARE", "DecodeGate", "Decoder", "HelperPool", "shared_gate"]
 _ERRORS: dict[str, type[ConversionError]] = {
     cls.__name__: cls for cls in (BadImage, ImageTooLarge, UnsupportedImage)}
 
@@ -90,116 +83,7 @@ class DecodeGate:
         return self._pending
 
 
-class _Helper:
-    """One helper process (:mod:`.helper`), owned by the process that started it."""
-
-    def __init__(self) -> None:
-        package_parent = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_parent,
-                                                          env.get("PYTHONPATH"))))
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[var] = "1"
-        self.owner = os.getpid()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "flask_animegan.inputs.helper"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
-
-    def request(self, header: dict[str, Any], data: bytes,
-                timeout: float) -> tuple[dict[str, Any], bytes]:
-        """Send one decode and wait at most ``timeout`` s for the answer (TimeoutError)."""
-        head = json.dumps(header).encode()
-        stdin = self.process.stdin
-        assert stdin is not None  # stdin=PIPE
-        stdin.write(FRAME.pack(len(head), len(data)) + head)
-        stdin.write(data)
-        deadline = time.monotonic() + timeout
-        head_len, payload_len = FRAME.unpack(self._read(FRAME.size, deadline))
-        answer = json.loads(self._read(head_len, deadline))
-        return answer, self._read(payload_len, deadline)
-
-    def _read(self, count: int, deadline: float) -> bytes:
-        assert self.process.stdout is not None  # stdout=PIPE
-        fd = self.process.stdout.fileno()
-        chunks, remaining = [], count
-        while remaining:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise TimeoutError
-            chunk = os.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                raise EOFError("the decode helper exited")
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
-
-    def cpu_seconds(self) -> float | None:
-        """The CPU time the helper has used so far (None where /proc cannot say)."""
-        try:
-            with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def kill(self) -> None:
-        if self.owner != os.getpid():
-            return  # inherited across a fork: the parent's, not ours to kill
-        with contextlib.suppress(OSError):
-            self.process.kill()
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            self.process.wait(5)
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-
-
-class HelperPool:
-    """Idle decode helpers of this process, started on demand and reused."""
-
-    def __init__(self) -> None:
-        self._idle: list[_Helper] = []
-        self._lock = threading.Lock()
-        self.started = 0
-        self.killed = 0
-
-    def take(self) -> _Helper:
-        with self._lock:
-            while self._idle:
-                helper = self._idle.pop()
-                if helper.owner == os.getpid() and helper.process.poll() is None:
-                    return helper
-            self.started += 1
-        return _Helper()
-
-    def give_back(self, helper: _Helper) -> None:
-        with self._lock:
-            self._idle.append(helper)
-
-    def discard(self, helper: _Helper) -> None:
-        self.killed += 1
-        helper.kill()
-
-    def prestart(self, count: int) -> None:
-        """Start helpers now (at app startup) so the first uploads do not wait for them."""
-        with self._lock:
-            # helpers inherited across a fork are the parent's: they do not count
-            self._idle = [h for h in self._idle if h.owner == os.getpid()]
-            missing = max(0, count - len(self._idle))
-            self.started += missing
-        helpers = [_Helper() for _ in range(missing)]
-        with self._lock:
-            self._idle.extend(helpers)
-
-    def close(self) -> None:
-        with self._lock:
-            helpers, self._idle = self._idle, []
-        for helper in helpers:
-            helper.kill()
-
-
-_POOL = HelperPool()
+_POOL = HelperPool(MODULE)
 atexit.register(_POOL.close)
 _GATES: dict[int, DecodeGate] = {}
 _GATES_LOCK = threading.Lock()
@@ -261,10 +145,9 @@ class Decoder:
             try:
                 answer, pixels = helper.request(header, data, self.timeout)
             except TimeoutError:
-                cpu_after = helper.cpu_seconds()
+                starved = helper.starved(cpu_before, self.timeout)
                 self.pool.discard(helper)
-                if (cpu_before is not None and cpu_after is not None
-                        and cpu_after - cpu_before < STARVED_SHARE * self.timeout):
+                if starved:
                     # the helper hardly ran (a busy machine, helpers at a lower priority):
                     # the file is not at fault, the load is
                     wait = self.gate.retry_after()
