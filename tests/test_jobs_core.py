@@ -399,3 +399,33 @@ def test_a_held_video_shot_at_crf_23_is_converted_once_through_a_job(service):
     assert final.state == JobState.DONE, final.error
     assert final.frames_done == 24
     assert 10 <= final.frames_reused <= 12, final  # 11 of the 12 held frames
+
+
+def test_a_job_whose_decode_helper_is_starved_runs_again(make_app):
+    """A frames helper that gets no CPU (SIGSTOP, as a busy machine starves it) past its
+    timeout is the machine's fault, not the file's (a 503 at the door): the job's run
+    ends there, the job is queued again, and its second run, with a fresh helper,
+    finishes it."""
+    import contextlib
+    import os
+    import signal
+
+    from flask_animegan.inputs import frames_helper
+
+    service = make_app(ANIMEGAN_DECODE_ISOLATION="process",
+                       ANIMEGAN_DECODE_TIMEOUT=1.0).extensions["animegan"]
+    data = gif_from_photos(6, size=(96, 64), durations=50)
+    record = service.jobs.store.create(data, client=CLIENT, style="test_style", size=96,
+                                       kind="animation", format="GIF", frames_total=6)
+    frames_helper.POOL.close()
+    frames_helper.POOL.prestart(1)
+    helper = frames_helper.POOL._idle[0]
+    os.kill(helper.process.pid, signal.SIGSTOP)
+    try:
+        service.jobs.run(record.id)  # the first run, in this thread: its probe starves
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper.process.pid, signal.SIGCONT)
+    final = follow(service, record.id, finished)[-1]  # the local queue's thread runs it again
+    assert final.state == JobState.DONE, final.error
+    assert final.attempts == 2 and final.frames_done == 6

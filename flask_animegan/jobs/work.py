@@ -166,19 +166,26 @@ class Jobs:
         if current is None or current.attempts != record.attempts or not self._stalled(current):
             return current or record
         record = current
-        if record.attempts < MAX_ATTEMPTS and not record.cancel_requested:
-            log.warning("flask_animegan: job %s stalled (no report for %.0f s); queued again",
-                        record.id, time.time() - record.updated_at)
-            record.state, record.frames_done, record.frames_reused = JobState.QUEUED, 0, 0
-            record.eta_s, record.updated_at = None, time.time()
-            self.store.update(record)
-            try:
-                self.queue.enqueue(record.id, record.attempts)
-                return record
-            except Overloaded:
-                pass
+        if self._run_again(record, f"stalled (no report for "
+                                   f"{time.time() - record.updated_at:.0f} s)"):
+            return record
         log.warning("flask_animegan: job %s stalled; marked failed", record.id)
         return self._finish(record, JobState.FAILED, STALLED)
+
+    def _run_again(self, record: JobRecord, why: str) -> bool:
+        """Queue the job's next run if it has one left (MAX_ATTEMPTS) and was not
+        cancelled; False when it has none, or the queue refused it."""
+        if record.attempts >= MAX_ATTEMPTS or record.cancel_requested:
+            return False
+        log.warning("flask_animegan: job %s %s; queued again", record.id, why)
+        record.state, record.frames_done, record.frames_reused = JobState.QUEUED, 0, 0
+        record.eta_s, record.updated_at = None, time.time()
+        self.store.update(record)
+        try:
+            self.queue.enqueue(record.id, record.attempts)
+        except Overloaded:
+            return False
+        return True
 
     def cancel(self, job_id: str) -> JobRecord | None:
         """Cancel a job: a queued one ends now, a running one at its next frame."""
@@ -224,6 +231,11 @@ class Jobs:
             log.info("flask_animegan: job %s was taken over; this run stops", job_id)
         except JobCancelled:
             self._finish(record, JobState.CANCELLED, None)
+        except Overloaded as exc:
+            # a decode helper that got too little CPU to finish in its time (the machine,
+            # not the file): the job's next run gets a fresh helper, on any worker
+            if not self._run_again(record, f"was starved of CPU ({exc})"):
+                self._finish(record, JobState.FAILED, str(exc))
         except ConversionError as exc:
             self._finish(record, JobState.FAILED, str(exc))
         except Exception:
