@@ -8,6 +8,8 @@ over all of them keeps a thread free for ``/healthz`` and the pages. So the web
 conversions enter an :class:`Admission` before their body is read (at most
 ``capacity`` at once; the next one gets 503 with Retry-After at once) and leave it
 when their request ends, however it ends. The CLI and ``convert()`` do not enter it.
+(Under gunicorn a refused body is then read and dropped, for at most a second, before the
+503 goes, so that the answer is not lost to a reset: web/views.py ``_drop_unread_body``.)
 """
 
 from __future__ import annotations

@@ -61,6 +61,11 @@ _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlen
 FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
 #: Most seconds a refused conversion's upload is read before its 503 (_drop_body).
 DROP_BODY_SECONDS = 1.0
+#: The form's choices of the colour option and portrait mode (value, label).
+COLOR_CHOICES = (("off", "The style's own colours"), ("luma", "Keep the photo's brightness"),
+                 ("keep", "Keep the photo's colours"))
+PORTRAIT_CHOICES = (("auto", "Find faces with face styles"), ("on", "Find faces, any style"),
+                    ("off", "Do not look for faces"), ("faces", "Only the faces"))
 #: Fields the form and the API read; a form with many more parts is not ours.
 MAX_FORM_PARTS = 32
 BUILT_IN_BASE = DEFAULTS["ANIMEGAN_BASE_TEMPLATE"]
@@ -92,10 +97,10 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
 
 @blueprint.after_request
 def _drop_unread_body(response: Response) -> Response:
-    """Every answer to a conversion is sent once its upload is in: read by the view, or
-    read and dropped here, for at most :data:`DROP_BODY_SECONDS` (a 503 of the
-    admission, a 429, a 400 for a parameter, a 413 of a chunked body are all answered
-    before the body is read).
+    """Under gunicorn, every answer to a conversion is sent once its upload is in: read
+    by the view, or read and dropped here, for at most :data:`DROP_BODY_SECONDS` (a 503
+    of the admission, a 429, a 400 for a parameter, a 413 of a chunked body are all
+    decided before the body is read).
 
     A server that answers before the body is read and closes the connection has the
     kernel reset it while the body is still arriving, and a reset can destroy the answer
@@ -118,6 +123,10 @@ def _drop_body(limit: int) -> bool:
     if length is not None and length > limit:
         return False  # more than the limit: not worth reading (413 says so)
     sock = request.environ.get("gunicorn.socket")
+    if sock is None:
+        # another server: no socket to bound the reads with, so a client that stops
+        # sending could hold this thread; that server's own rules apply
+        return False
     deadline = time.monotonic() + DROP_BODY_SECONDS
     left = limit + 1
     try:
@@ -126,8 +135,7 @@ def _drop_body(limit: int) -> bool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            if sock is not None:
-                sock.settimeout(remaining)
+            sock.settimeout(remaining)
             chunk = stream.read(min(left, 1 << 20))
             if not chunk:
                 return True
@@ -136,8 +144,7 @@ def _drop_body(limit: int) -> bool:
     except (OSError, ValueError, HTTPException):  # socket.timeout is an OSError
         return False
     finally:
-        if sock is not None:
-            sock.settimeout(None)
+        sock.settimeout(None)
 
 
 @blueprint.teardown_request
@@ -347,7 +354,9 @@ def _convert_request() -> Conversion:
     service = get_service()
     conversion = service.convert_upload(data, style=params.get("style") or None,
                                         size=params.get("size"), fmt=params.get("format"),
-                                        client=client_key(service.limiter))
+                                        client=client_key(service.limiter),
+                                        colors=params.get("colors"),
+                                        portrait=params.get("portrait"))
     _log_conversion(200, conversion)
     if service.metrics is not None:
         service.metrics.conversion_done(conversion, service.cache.enabled,
@@ -376,6 +385,8 @@ def _page(layout: str | Template | None = None, **extra: Any) -> SimpleNamespace
         sizes=sorted({s for s in FORM_SIZES if s < service.max_side} | {service.max_side}),
         formats=OUTPUT_FORMATS,
         default_format=service.output_format,
+        colors=COLOR_CHOICES,
+        portraits=PORTRAIT_CHOICES,
         max_upload_bytes=service.max_upload_bytes,
         max_upload_text=_size(service.max_upload_bytes),
         sample_size=service.sample_size,
@@ -435,7 +446,7 @@ def upload() -> BaseResponse:
     stored = StoredResult(
         original=encode(conversion.input_image, "jpeg", service.quality),
         result=conversion.data, mimetype=conversion.mimetype, style=conversion.style,
-        size=conversion.size)
+        size=conversion.size, note=describe_options(conversion))
     token = service.results.add(stored)
     if token is None:
         # the page store is down or full: answer with the page itself, its pictures
@@ -513,11 +524,30 @@ def convert() -> Response:
         "X-Cache": "HIT" if conversion.cache_hit else "MISS",
         "X-AnimeGAN-Style": conversion.style,
         "X-AnimeGAN-Face-Crop": "centre-square" if conversion.face_crop else "none",
+        "X-AnimeGAN-Colors": conversion.colors,
         "Cache-Control": "no-store",
         # browser devtools show where the time went
         "Server-Timing": describe_timings(conversion.timings),
     })
+    if conversion.faces is not None:  # portrait mode ran (docs/portrait.md)
+        response.headers["X-Faces"] = str(conversion.faces)
     return response
+
+
+def describe_options(conversion: Conversion) -> str:
+    """What portrait mode and the colour option did, in a sentence or two, for the result
+    page (animegan.js says the same from the headers)."""
+    parts = []
+    if conversion.faces == 0:
+        parts.append("No face was found" + (": the centre square was converted, as the face "
+                                            "styles expect" if conversion.face_crop else ""))
+    elif conversion.faces is not None:
+        parts.append(f"{conversion.faces} face{'s' if conversion.faces > 1 else ''} found "
+                     "and converted on their own")
+    if conversion.colors != "off":
+        parts.append("the photo's " + ("brightness was" if conversion.colors == "luma"
+                                       else "colours were") + " kept")
+    return " ".join(sentence(part) for part in parts)
 
 
 @blueprint.get("/styles")
@@ -620,7 +650,8 @@ def _http_error(error: HTTPException) -> Response:
     if (error.code == 413 and request.mimetype == "multipart/form-data"
             and request.content_length is not None and request.content_length <= limit):
         message = (f"the form has more than {MAX_FORM_PARTS} parts or a text field is too "
-                   "large; send only the fields image, style, size, format and csrf_token")
+                   "large; send only the fields image, style, size, format, colors, portrait "
+                   "and csrf_token")
     elif error.code == 413:
         message = f"the upload is too large; the limit is {_size(get_service().max_upload_bytes)}"
     else:
