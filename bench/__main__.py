@@ -28,6 +28,7 @@ from . import (
     cache,
     cache_rule,
     ceilings,
+    colors,
     jobs,
     memory,
     model_speed,
@@ -145,6 +146,8 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
     results["jobs"] = run_section("jobs", lambda: jobs.measure(
         weights.models_dir, weights.style, quick=quick, backend=backend,
         precision=precision), errors)
+    results["colors"] = run_section("colors", lambda: colors.measure(
+        weights.path, quick=quick), errors)
     results["targets"] = targets.check(results)
     results["errors"] = errors
     results["duration_s"] = time.monotonic() - started

@@ -222,6 +222,19 @@ def jobs(results: dict[str, Any]) -> str:
     return f"{head}\n{section_8.render(section)}"
 
 
+def colors(results: dict[str, Any]) -> str:
+    """Section 9: colour keeping, how close to the input's colours and what it costs."""
+    from . import colors as section_9
+
+    section = results.get("colors", {})
+    head = "## 9. Colour keeping (colors=off|luma|keep, in process)"
+    if not section:
+        return f"{head}\nnot measured"
+    if _error(section):
+        return f"{head}\n{_error(section)}"
+    return f"{head}\n{section_9.render(section)}"
+
+
 def targets(results: dict[str, Any]) -> str:
     """The targets table."""
     rows = [[t["target"], t["goal"], num(t["measured"], 3),
@@ -233,7 +246,7 @@ def render(results: dict[str, Any]) -> str:
     """The whole report as text."""
     blocks = [f"# flask-animegan benchmark{' (--quick: smoke sizes, not the real figures)' if results['quick'] else ''}"]
     for part in (machine, model, stages, service, cache, cache_rule, memory, backends,
-                 jobs, targets):
+                 jobs, colors, targets):
         blocks.append(part(results))
     blocks.append(f"Took {results['duration_s']:.0f} s.")
     return "\n\n".join(blocks)

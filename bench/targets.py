@@ -129,6 +129,10 @@ def check(results: dict[str, Any]) -> list[dict[str, Any]]:
          _get(results, "jobs", "saving", "time_vs_without")),
         ("jobs: worker RSS growth from frame 50 to the end of a 250-frame job, %", BELOW, 5.0,
          _get(results, "jobs", "memory", "rss_growth_pct")),
+        ("colors=keep: mean CIEDE2000 to the input vs colors=off, saving", AT_LEAST, 0.5,
+         _get(results, "colors", "keep_saving")),
+        ("colors=luma: mean brightness error vs colors=off, saving", AT_LEAST, 0.9,
+         _get(results, "colors", "luma_brightness_saving")),
     ]
     return [{"target": name, "goal": f"{sign} {goal:g}", "measured": value,
              "pass": None if value is None else _COMPARE[sign](value, goal)}
