@@ -175,7 +175,9 @@ def test_a_jpeg_full_of_segments_is_walked_in_the_helper_not_the_worker(client, 
     resident, started = _resident(), time.thread_time()
     response = convert(client, data)
     cpu = time.thread_time() - started
-    assert response.status_code in (200, 413), response.status_code
+    # 503: on a loaded machine the helper (at nice 10) got under half its timeout in CPU
+    # before it was killed, so the load, not the file, is blamed (isolation.STARVED_SHARE)
+    assert response.status_code in (200, 413, 503), response.status_code
     assert cpu < 1, f"{cpu:.2f} s of this thread's CPU"  # walking it takes seconds
     assert _resident() - resident < 50 << 20  # Pillow keeps ~100 bytes a segment
 @pytest.mark.parametrize("size", [(1, 4000), (4000, 1), (30, 1000)])
