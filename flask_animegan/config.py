@@ -178,6 +178,22 @@ class Settings:
         'Style used when a request names none; unset picks the first installed of '
         "`paprika`, `face_paint_512_v2`, else the models folder's first alphabetically, "
         'else the shipped `toon_demo`.')
+    portrait_scene_style: str | None = _setting(
+        None, str,
+        'Portrait mode (a face style, or `portrait=on`): the style the whole picture '
+        'is converted with before the faces, converted with the face style, are pasted '
+        'back; unset: the default style. Must be installed (checked at start).',
+        check=_not_empty)
+    portrait_min_face: int = _setting(
+        48, int,
+        'Portrait mode: faces smaller than this (the side of the face box, in pixels of '
+        'the picture as it is converted) are left to the scene style.',
+        low=16, high=4096)
+    portrait_max_faces: int = _setting(
+        8, int,
+        'Portrait mode: at most this many faces are converted in one picture (the '
+        'largest); the others are left to the scene style.',
+        low=1, high=64)
     url_prefix: str = _setting(
         '/animegan', str,
         'URL prefix of the blueprint.',
@@ -506,6 +522,9 @@ class AnimeGANOptions(TypedDict, total=False):
     models_dir: str
     shipped_styles: bool
     default_style: str | None
+    portrait_scene_style: str | None
+    portrait_min_face: int
+    portrait_max_faces: int
     url_prefix: str
     max_side: int
     max_upload_bytes: int

@@ -93,6 +93,13 @@ class AnimeGAN:
         metrics = Metrics() if settings.metrics else None
         engine = InferenceEngine.from_settings(self._models_dir(app, settings), settings,
                                                catalog=catalog, events=metrics)
+        scene = settings.portrait_scene_style
+        if scene is not None and scene not in engine.styles:
+            raise RuntimeError(
+                f"flask_animegan configuration error: ANIMEGAN_PORTRAIT_SCENE_STYLE={scene!r} "
+                f"is not an installed style (installed: {', '.join(sorted(engine.styles))}); "
+                f"run `flask animegan pull {scene}`, put {scene}.pt into {engine.models_dir}, "
+                "or unset it to paint the scene with the default style")
         decoder = Decoder.from_settings(settings)
         cache, results = self._stores(settings, app.config.get("SECRET_KEY"))
         secret = app.config.get("SECRET_KEY")

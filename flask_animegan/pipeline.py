@@ -2,6 +2,11 @@
 
 The service (API and form), the CLI and ``bench/`` all convert through
 :meth:`Pipeline.convert`, so what is measured is what is served.
+
+Two options change the infer stage (:class:`Options`): portrait mode finds the faces
+(``portrait/``), converts each, aligned, with the face style and pastes it back over
+the whole picture converted with the scene style; ``colors`` keeps the input's
+brightness or colours (``inputs/colors.py``), on the whole picture and on each face.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from .inputs.colors import COLOR_MODES, keep_colors
 from .inputs.decoding import fit, to_rgb
 from .inputs.formats import MIME_TYPES, encode
 from .inputs.isolation import Decoder
@@ -22,6 +28,39 @@ if TYPE_CHECKING:  # pragma: no cover
     from .cache import NearDuplicateCache
     from .cache.fingerprint import Fingerprint
     from .runtime.engine import InferenceEngine
+
+
+#: ``portrait``: auto (on for the face styles), on, off, or faces (only the faces, each a
+#: crop of its own, side by side).
+PORTRAIT_MODES = ("auto", "on", "off", "faces")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a conversion asks for beside its style, size and format."""
+
+    colors: str = "off"  # inputs/colors.py COLOR_MODES
+    portrait: str = "auto"  # PORTRAIT_MODES
+
+    def __post_init__(self) -> None:
+        if self.colors not in COLOR_MODES or self.portrait not in PORTRAIT_MODES:
+            raise ValueError(f"unknown options {self}")
+
+    def portrait_for(self, style: StyleInfo) -> str:
+        """"off", "on" or "faces" for ``style`` ("auto" is "on" for a face style)."""
+        if self.portrait == "auto":
+            return "on" if style.face else "off"
+        return self.portrait
+
+
+@dataclass(frozen=True)
+class PortraitSettings:
+    """Portrait mode's settings (ANIMEGAN_PORTRAIT_*): the scene style (None: the
+    default style), the smallest face converted, the most faces per picture."""
+
+    scene_style: str | None = None
+    min_face: int = 48
+    max_faces: int = 8
 
 
 @dataclass
@@ -34,8 +73,10 @@ class Conversion:
     style: str
     size: tuple[int, int]
     cache_hit: bool
-    face_crop: bool
+    face_crop: bool  # the centre square was converted (a face style without portrait mode)
     input_image: Image.Image  # the decoded, fitted input (what the network saw)
+    faces: int | None = None  # faces found and converted in portrait mode; None: not run
+    colors: str = "off"
     timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
 
 
@@ -56,57 +97,133 @@ class Pipeline:
     """Turns uploaded bytes into an encoded anime picture."""
 
     def __init__(self, decoder: Decoder, engine: InferenceEngine, *, quality: int,
-                 cache: NearDuplicateCache | None = None) -> None:
+                 cache: NearDuplicateCache | None = None,
+                 portrait: PortraitSettings | None = None) -> None:
         self.decoder = decoder
         self.engine = engine
         self.quality = quality
         self.cache = cache if cache is not None and cache.enabled else None
+        self.portrait = portrait or PortraitSettings()
 
     def convert(self, data: bytes, style: StyleInfo, size: int, fmt: str,
-                scope: str | None = None) -> Conversion:
+                scope: str | None = None, options: Options = Options()) -> Conversion:
         """Convert ``data`` (an image file) with ``style`` to long side ``size`` in ``fmt``.
 
         With a cache, a near-identical input converted before within ``scope`` (None:
-        shared by everyone) reuses that result instead of running the network.
+        shared by everyone) with the same options reuses that result instead of running
+        the network.
         """
         lap = _Laps()
-        decoded = self.decoder.decode(data, size=size, square=style.face)
+        portrait = options.portrait_for(style)
+        square = style.face and portrait == "off"
+        decoded = self.decoder.decode(data, size=size, square=square)
         fitted = decoded.image  # what the network sees
         lap("decode")
-        namespace = (scope, style.name, size, fmt)
+        namespace = (scope, style.name, size, fmt, options.colors, portrait)
         encoded: bytes | None = None
+        faces: int | None = None
         if self.cache is not None:
             fingerprint = self.cache.fingerprint(fitted)
-            encoded = self._from_cache(namespace, fingerprint, fitted.size)
+            cached = self._from_cache(namespace, fingerprint, fitted.size)
+            if cached is not None:
+                encoded, faces = cached
             lap("cache")
         hit = encoded is not None
+        looked_up = fitted.size
         if encoded is None:
-            result = self.engine.run(fitted, style.name)
+            if portrait == "off":
+                result = self._run(fitted, style.name, options.colors)
+            else:
+                result, faces = self._portrait(fitted, style, portrait, options.colors, lap)
+                if not faces and style.face:
+                    # no face: as without portrait mode, the centre square (decoded anew,
+                    # so it has the size's full resolution)
+                    square = True
+                    fitted = self.decoder.decode(data, size=size, square=True).image
+                    result = self._run(fitted, style.name, options.colors)
             lap("infer")
             encoded = encode(result, fmt, self.quality)
             lap("encode")
             if self.cache is not None:
-                self.cache.put(namespace, fingerprint, encoded, fitted.size)
+                self.cache.put(namespace, fingerprint, encoded, looked_up,
+                               -1 if faces is None else faces)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
-                          cache_hit=hit, face_crop=style.face, input_image=fitted,
-                          timings=lap.timings)
+                          cache_hit=hit, face_crop=square, input_image=fitted,
+                          timings=lap.timings, faces=faces, colors=options.colors)
+
+    def _run(self, picture: Image.Image, style: str, colors: str) -> Image.Image:
+        """The network on ``picture``, its colours kept as ``colors`` asks."""
+        return keep_colors(self.engine.run(picture, style), picture, colors)
+
+    def _portrait(self, picture: Image.Image, style: StyleInfo, mode: str, colors: str,
+                  lap: _Laps) -> tuple[Image.Image, int]:
+        """Portrait mode: the faces found in ``picture``, each converted with the face
+        style (``style``) and pasted over the whole converted with the scene style (a
+        face style's: ANIMEGAN_PORTRAIT_SCENE_STYLE, else the default style; another
+        style is its own scene style); or, for "faces", only the faces, side by side.
+        Without a face: the whole picture with ``style`` (the caller redoes a face
+        style's as the centre square) and 0."""
+        from .portrait import face_crops, find_faces, paste_faces
+
+        settings = self.portrait
+        found = find_faces(picture, min_size=settings.min_face)
+        found = sorted(found, key=lambda face: face.box[2] * face.box[3],
+                       reverse=True)[:settings.max_faces]
+        lap("faces")
+        if not found:
+            return (picture if style.face else self._run(picture, style.name, colors)), 0
+
+        def convert_face(crop: Image.Image) -> Image.Image:
+            return self._run(crop, style.name, colors)
+
+        if mode == "faces":
+            return strip(face_crops(picture, found, convert_face)), len(found)
+        scene_style = (self.engine.style(settings.scene_style) if style.face else style).name
+        scene = self._run(picture, scene_style, colors)
+        return paste_faces(picture, found, scene, convert_face), len(found)
 
     def _from_cache(self, namespace: tuple[Any, ...], fingerprint: Fingerprint,
-                    size: tuple[int, int]) -> bytes | None:
-        """The cached result for this input, resized to ``size`` if it was sent at a
-        slightly different size; None on a miss."""
+                    size: tuple[int, int]) -> tuple[bytes, int | None] | None:
+        """The cached result for this input and its faces (None: portrait mode did not
+        run), resized to ``size`` if it was sent at a slightly different size; None on
+        a miss."""
         assert self.cache is not None
         cached = self.cache.get(namespace, fingerprint)
-        if cached is None or cached.size == size:
-            return cached.data if cached is not None else None
-        result = Image.open(io.BytesIO(cached.data)).convert("RGB")
-        result = result.resize(size, Image.Resampling.LANCZOS)
-        return encode(result, namespace[3], self.quality)
+        if cached is None:
+            return None
+        faces = None if cached.faces < 0 else cached.faces
+        if cached.size == size:
+            return cached.data, faces
+        with Image.open(io.BytesIO(cached.data)) as stored:
+            if stored.size != cached.size:  # not the picture's shape: the faces, a square
+                return cached.data, faces
+            result = stored.convert("RGB").resize(size, Image.Resampling.LANCZOS)
+        return encode(result, namespace[3], self.quality), faces
 
-    def convert_image(self, image: Image.Image, style: StyleInfo, size: int) -> Image.Image:
+    def convert_image(self, image: Image.Image, style: StyleInfo, size: int,
+                      options: Options = Options()) -> Image.Image:
         """Convert a PIL image (any mode) already in memory; no decode, no cache."""
-        fitted = fit(to_rgb(image), size, square=style.face)
-        return self.engine.run(fitted, style.name)
+        portrait = options.portrait_for(style)
+        rgb = to_rgb(image)
+        if portrait != "off":
+            picture = fit(rgb, size)
+            result, faces = self._portrait(picture, style, portrait, options.colors, _Laps())
+            if faces or not style.face:
+                return result
+        picture = fit(rgb, size, square=style.face)
+        return self._run(picture, style.name, options.colors)
+
+
+def strip(crops: list[Image.Image]) -> Image.Image:
+    """The crops side by side, in one picture (portrait=faces)."""
+    width = sum(crop.width for crop in crops)
+    height = max(crop.height for crop in crops)
+    sheet = Image.new("RGB", (width, height), "white")
+    left = 0
+    for crop in crops:
+        sheet.paste(crop, (left, 0))
+        left += crop.width
+    return sheet
 
 
 def describe_timings(timings: dict[str, Any]) -> str:

@@ -22,7 +22,8 @@ from .inputs.formats import encode
 from .inputs.isolation import Decoder
 from .jobs.work import Jobs
 from .metrics import Metrics
-from .pipeline import Conversion, Pipeline
+from .inputs.colors import COLOR_MODES
+from .pipeline import PORTRAIT_MODES, Conversion, Options, PortraitSettings, Pipeline
 from .runtime.admission import Admission
 from .runtime.engine import MIN_SIDE, InferenceEngine
 
@@ -63,7 +64,10 @@ class AnimeGANService:
         #: animations and videos as jobs (jobs/work.py), on RQ or the in-process queue;
         #: None for a service made without them
         self.jobs = jobs
-        self.pipeline = Pipeline(decoder, engine, quality=settings.jpeg_quality, cache=cache)
+        self.pipeline = Pipeline(decoder, engine, quality=settings.jpeg_quality, cache=cache,
+                                 portrait=PortraitSettings(settings.portrait_scene_style,
+                                                           settings.portrait_min_face,
+                                                           settings.portrait_max_faces))
         #: the web conversions in the app at once, at every stage: one running and
         #: ANIMEGAN_MAX_QUEUE more (runtime/admission.py); the CLI and convert() skip it
         self.admission = Admission(1 + settings.max_queue, engine.gate.retry_after)
@@ -167,16 +171,27 @@ class AnimeGANService:
                                f"got {str(raw)[:20]!r}")
         return fmt
 
+    def parse_options(self, colors: Any = None, portrait: Any = None) -> Options:
+        """The ``colors`` (off, luma, keep) and ``portrait`` (auto, on, off, faces) options;
+        unset or empty: off and auto."""
+        return Options(colors=_choice("colors", colors, COLOR_MODES, "off"),
+                       portrait=_choice("portrait", portrait, PORTRAIT_MODES, "auto"))
+
     # -- converting ----------------------------------------------------------------
     def convert(self, image: Image.Image, style: str | None = None,
-                size: int | None = None) -> Image.Image:
-        """Convert a PIL image (any mode) with ``style`` at long side ``size``; no cache."""
+                size: int | None = None, colors: str | None = None,
+                portrait: str | None = None) -> Image.Image:
+        """Convert a PIL image (any mode) with ``style`` at long side ``size``, with the
+        options ``colors`` (off, luma, keep) and ``portrait`` (auto, on, off, faces); no
+        cache."""
         chosen = self.engine.style(style)
+        options = self.parse_options(colors, portrait)
         self._ready()
-        return self.pipeline.convert_image(image, chosen, self.parse_size(size))
+        return self.pipeline.convert_image(image, chosen, self.parse_size(size), options)
 
     def convert_upload(self, data: bytes, style: str | None = None, size: Any = None,
-                       fmt: Any = None, client: str | None = None) -> Conversion:
+                       fmt: Any = None, client: str | None = None, colors: Any = None,
+                       portrait: Any = None) -> Conversion:
         """Decode an uploaded file, convert it (or reuse a cached result), encode it.
 
         ``client`` is the cache scope key (the rate limit's client key): with
@@ -185,9 +200,10 @@ class AnimeGANService:
         chosen = self.engine.style(style)
         size = self.parse_size(size)
         fmt = self.parse_format(fmt)
+        options = self.parse_options(colors, portrait)
         self._ready()
         scope = client if self.settings.cache_scope == "client" else None
-        return self.pipeline.convert(data, chosen, size, fmt, scope=scope)
+        return self.pipeline.convert(data, chosen, size, fmt, scope=scope, options=options)
 
     def warm_up_in_background(self) -> threading.Thread:
         """Warm up in a thread of its own while the server already answers: meanwhile
@@ -348,6 +364,16 @@ class AnimeGANService:
                 "problems": problems, "jobs": jobs,
                 "cache": self.cache.stats(), "decoder": self.decoder.status(),
                 "admission": self.admission.status()}
+
+
+def _choice(name: str, raw: Any, choices: tuple[str, ...], default: str) -> str:
+    """A parameter that is one of ``choices`` (any case; unset or empty: ``default``)."""
+    if raw is None or raw == "":
+        return default
+    value = str(raw).strip().lower()
+    if value not in choices:
+        raise BadParameter(f"{name} must be one of {', '.join(choices)}, got {str(raw)[:20]!r}")
+    return value
 
 
 def get_service() -> AnimeGANService:

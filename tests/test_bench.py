@@ -21,7 +21,7 @@ from conftest import REPO, need
 pytestmark = [pytest.mark.bench, pytest.mark.server]
 
 SECTIONS = ("machine", "weights", "ceilings", "model", "stages", "service", "cache", "memory",
-            "jobs", "targets")
+            "jobs", "colors", "targets")
 
 
 def positive(value: object) -> bool:

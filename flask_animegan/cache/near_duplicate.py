@@ -56,8 +56,8 @@ from .storage import MemoryStorage, Storage
 # magic, created (Unix time), width, height, phash bytes, entry id
 _MEMBER = struct.Struct("<4sdIIH16s")
 _MEMBER_MAGIC = b"AGF5"
-_ENTRY = struct.Struct("<4sIII")  # magic, width, height, length of the result
-_ENTRY_MAGIC = b"AGE3"
+_ENTRY = struct.Struct("<4sIIiI")  # magic, width, height, faces, length of the result
+_ENTRY_MAGIC = b"AGE4"
 #: Members a namespace's index keeps: a lookup reads at most 11 x 11,334 bytes (122 KiB).
 INDEX_CAP = 11
 
@@ -102,21 +102,22 @@ def decode_member(blob: bytes, hash_size: int) -> IndexMember | None:
 class CachedResult:
     data: bytes
     size: tuple[int, int]
+    faces: int = -1  # faces portrait mode converted in it; -1: portrait mode did not run
 
 
-def encode_entry(data: bytes, size: tuple[int, int]) -> bytes:
+def encode_entry(data: bytes, size: tuple[int, int], faces: int = -1) -> bytes:
     """An entry: its header, then the result."""
-    return _ENTRY.pack(_ENTRY_MAGIC, *size, len(data)) + data
+    return _ENTRY.pack(_ENTRY_MAGIC, *size, faces, len(data)) + data
 
 
 def decode_entry(blob: bytes | None) -> CachedResult | None:
     """The cached result in ``blob``, or ``None`` if there is none or it does not parse."""
     if not isinstance(blob, bytes) or len(blob) < _ENTRY.size:
         return None
-    magic, width, height, length = _ENTRY.unpack_from(blob)
-    if magic != _ENTRY_MAGIC or _ENTRY.size + length != len(blob):
+    magic, width, height, faces, length = _ENTRY.unpack_from(blob)
+    if magic != _ENTRY_MAGIC or _ENTRY.size + length != len(blob) or faces < -1:
         return None
-    return CachedResult(blob[_ENTRY.size:], (width, height))
+    return CachedResult(blob[_ENTRY.size:], (width, height), faces)
 
 
 class NearDuplicateCache:
@@ -189,14 +190,15 @@ class NearDuplicateCache:
         return best[1] if best is not None else None
 
     def put(self, namespace: tuple[object, ...], fingerprint: Fingerprint, data: bytes,
-            size: tuple[int, int]) -> None:
-        """Keep ``data`` (``size`` pixels) for the same photo as ``fingerprint``: one round trip."""
+            size: tuple[int, int], faces: int = -1) -> None:
+        """Keep ``data`` (``size`` pixels, ``faces`` converted in portrait mode) for the
+        same photo as ``fingerprint``: one round trip."""
         if not self.enabled:
             return
         digest = self._digest(namespace)
         member = IndexMember(time.time(), secrets.token_bytes(16), fingerprint)
         self.storage.set_indexed(f"entry:{digest}:{member.entry_id.hex()}",
-                                 encode_entry(data, size), index=f"index:{digest}",
+                                 encode_entry(data, size, faces), index=f"index:{digest}",
                                  member=encode_member(member, self.hash_size),
                                  ttl=self.ttl, cap=self.index_cap)
 

@@ -1,8 +1,9 @@
 """The result pages of form uploads (post/redirect/get), under unguessable ids.
 
-A page is one value in a :mod:`flask_animegan.cache.storage` backend: a 24-byte header
-(magic, width, height, the four fields' lengths), the MIME type, the style, the input
-shown beside the result (a JPEG of the fitted input) and the result. On Redis,
+A page is one value in a :mod:`flask_animegan.cache.storage` backend: a 26-byte header
+(magic, width, height, the five fields' lengths), the MIME type, the style, the note
+(what portrait mode and the colour option did), the input shown beside the result (a
+JPEG of the fitted input) and the result. On Redis,
 ``MEMORY USAGE`` counts the two images + about 130 bytes, rounded up to jemalloc's size
 class. Explicit bytes, never pickle: data in a shared Redis must not be able to run
 code here, and a value that does not parse is no page.
@@ -20,8 +21,8 @@ from .storage import MemoryStorage, Storage
 from .storage.memory import ITEM_OVERHEAD
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
-_PAGE = struct.Struct("<4sIIHHII")  # magic, width, height, then the four fields' lengths
-_PAGE_MAGIC = b"AGP1"
+_PAGE = struct.Struct("<4sIIHHHII")  # magic, width, height, then the five fields' lengths
+_PAGE_MAGIC = b"AGP2"
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class StoredResult:
     mimetype: str
     style: str
     size: tuple[int, int]
+    note: str = ""  # shown under the result: faces found, colours kept
 
     @property
     def nbytes(self) -> int:
@@ -39,10 +41,10 @@ class StoredResult:
 
 
 def encode_page(result: StoredResult) -> bytes:
-    mimetype, style = result.mimetype.encode(), result.style.encode()
-    return b"".join((_PAGE.pack(_PAGE_MAGIC, *result.size, len(mimetype), len(style),
+    mimetype, style, note = result.mimetype.encode(), result.style.encode(), result.note.encode()
+    return b"".join((_PAGE.pack(_PAGE_MAGIC, *result.size, len(mimetype), len(style), len(note),
                                 len(result.original), len(result.result)),
-                     mimetype, style, result.original, result.result))
+                     mimetype, style, note, result.original, result.result))
 
 
 def decode_page(blob: bytes | None) -> StoredResult | None:
@@ -56,9 +58,10 @@ def decode_page(blob: bytes | None) -> StoredResult | None:
     for length in lengths:
         fields.append(blob[offset:offset + length])
         offset += length
-    mimetype, style, original, result = fields
+    mimetype, style, note, original, result = fields
     try:
-        return StoredResult(original, result, mimetype.decode(), style.decode(), (width, height))
+        return StoredResult(original, result, mimetype.decode(), style.decode(), (width, height),
+                            note.decode())
     except UnicodeDecodeError:
         return None
 

@@ -71,6 +71,7 @@ class JobRecord:
     kind: str  # "animation" or "video"
     format: str  # the upload's: GIF, WEBP, PNG, MP4, ...
     frames_total: int
+    colors: str = "off"  # the colour option (inputs/colors.py), on every frame
     frames_done: int = 0
     frames_reused: int = 0
     created_at: float = 0.0
@@ -125,13 +126,13 @@ class JobStore:
 
     # -- records ---------------------------------------------------------------------
     def create(self, data: bytes, *, client: str, style: str, size: int, kind: str,
-               format: str, frames_total: int) -> JobRecord | None:
+               format: str, frames_total: int, colors: str = "off") -> JobRecord | None:
         """A new queued job holding ``data``; None when the storage refused it (down or full)."""
         now = time.time()
         record = JobRecord(id=secrets.token_urlsafe(24), state=JobState.QUEUED,
                            client=self.client_digest(client), style=style, size=size,
                            kind=kind, format=format, frames_total=frames_total,
-                           created_at=now, updated_at=now)
+                           colors=colors, created_at=now, updated_at=now)
         if not self.storage.set(self._key(record.id, "input"), data, self.ttl):
             return None
         if not self.storage.set_indexed(self._key(record.id), record.to_bytes(),

@@ -33,6 +33,7 @@ from PIL import Image
 from ..config import Settings
 from ..errors import ConversionError, Overloaded
 from ..inputs import media
+from ..inputs.colors import keep_colors
 from ..inputs.decoding import DecodeLimits
 from ..inputs.media import Frame, MediaInfo, MediaLimits
 from ..runtime.engine import InferenceEngine
@@ -114,13 +115,13 @@ class Jobs:
         return isolated_probe(data, self.limits, self.decode, self.settings.decode_timeout)
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
-               client: str) -> JobRecord:
+               client: str, colors: str = "off") -> JobRecord:
         """Make a job of a probed upload and queue it. Raises Overloaded (503) when the
         queue is full or the storage refuses the job; the views check the client's limits
         (:meth:`unfinished`, the rate limit) before."""
         record = self.store.create(data, client=client, style=style, size=size,
                                    kind=info.kind, format=info.format,
-                                   frames_total=info.frames)
+                                   frames_total=info.frames, colors=colors)
         if record is None:
             raise Overloaded("the job store is unavailable or full; try again in 30 s", 30)
         try:
@@ -305,7 +306,8 @@ class Jobs:
         """One frame through the network; waits (reporting) while the model is busy."""
         while True:
             try:
-                return self.engine.run(frame.image, style)
+                return keep_colors(self.engine.run(frame.image, style), frame.image,
+                                   record.colors)
             except Overloaded:  # web conversions fill the gate (local queue): wait our turn
                 self._report(record, None)
                 time.sleep(REPORT_EVERY)

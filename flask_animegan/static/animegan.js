@@ -132,6 +132,22 @@
     updateFaceNote();
   }
 
+  // What portrait mode and the colour option did (views.describe_options says the same).
+  function describeOptions(response) {
+    var parts = [];
+    var faces = response.headers.get("X-Faces");
+    if (faces === "0") {
+      parts.push("No face was found" + (response.headers.get("X-AnimeGAN-Face-Crop") === "centre-square" ?
+        ": the centre square was converted, as the face styles expect" : "") + ".");
+    } else if (faces !== null) {
+      parts.push(faces + " face" + (faces === "1" ? "" : "s") + " found and converted on their own.");
+    }
+    var colors = response.headers.get("X-AnimeGAN-Colors");
+    if (colors === "luma") parts.push("The photo's brightness was kept.");
+    if (colors === "keep") parts.push("The photo's colours were kept.");
+    return parts.join(" ");
+  }
+
   function showResult(blob, response, elapsed) {
     var style = response.headers.get("X-AnimeGAN-Style") || "anime";
     var ext = { "image/jpeg": "jpg", "image/png": "png", "image/webp": "webp" }[blob.type] || "jpg";
@@ -145,6 +161,9 @@
     result.alt = "The photo in the " + style + " style";
     panel.querySelectorAll(".animegan-converted").forEach(function (img) { img.src = resultUrl; });
     panel.querySelectorAll(".animegan-original").forEach(function (img) { img.src = photoUrl; });
+    var note = panel.querySelector("#animegan-result-note");
+    note.textContent = describeOptions(response);
+    note.hidden = !note.textContent;
     var download = panel.querySelector("#animegan-download");
     download.href = resultUrl;
     download.download = stemOf(photo.name) + "-" + style + "." + ext;

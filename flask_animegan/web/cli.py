@@ -146,11 +146,19 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
 @click.option("--size", type=int, help="Long side of the output in pixels (default: MAX_SIDE).")
 @click.option("--format", "fmt", type=click.Choice(["jpeg", "png", "webp"]),
               help="Output format (default: ANIMEGAN_OUTPUT_FORMAT).")
+@click.option("--colors", type=click.Choice(["off", "luma", "keep"]), default="off",
+              show_default=True,
+              help="Keep the photo's brightness (luma) or its colours (keep).")
+@click.option("--portrait", type=click.Choice(["auto", "on", "off", "faces"]), default="auto",
+              show_default=True,
+              help="Portrait mode: find the faces and convert each on its own (auto: with "
+                   "the face styles); faces: write only the faces, side by side.")
 @click.option("--overwrite", is_flag=True,
               help="Convert again files already converted (replacing what is there, "
                    "a symlink included, never writing through it).")
 def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
-                    size: int | None, fmt: str | None, overwrite: bool) -> None:
+                    size: int | None, fmt: str | None, colors: str, portrait: str,
+                    overwrite: bool) -> None:
     """Convert image files, animations, videos and folders (not recursive) into OUT.
 
     Output files are named after the input with the style and format, e.g.
@@ -166,6 +174,7 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
     Example:
       flask --app example_app animegan convert holiday/ me.png -o anime/ --style paprika
       flask --app example_app animegan convert cat.gif beach.mp4 -o anime/ --size 512
+      flask --app example_app animegan convert group.jpg -o anime/ --style face_paint_512_v2 --colors keep
     """
     service = get_service()
     try:
@@ -207,9 +216,14 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                     if not overwrite and os.path.lexists(out_dir / name):
                         skipped += 1
                         continue
-                    output = _convert_moving(path, data, moving, chosen, size, line_start)
+                    output = _convert_moving(path, data, moving, chosen, size, line_start,
+                                             colors)
                 else:
-                    output = service.convert_upload(data, chosen, size, fmt).data
+                    conversion = service.convert_upload(data, chosen, size, fmt,
+                                                        colors=colors, portrait=portrait)
+                    output = conversion.data
+                    if conversion.faces is not None:
+                        report(path, f"{conversion.faces} face(s) found")
             except ConversionError as exc:
                 failed += 1
                 report(path, str(exc))
@@ -239,7 +253,7 @@ _PROGRESS_EVERY = 0.2
 
 
 def _convert_moving(path: Path, data: bytes, info: MediaInfo, style: str, size: int | None,
-                    line_start: str) -> bytes:
+                    line_start: str, colors: str = "off") -> bytes:
     """Convert an animation or a video in this process, as a worker would (the app's
     ``Jobs.run``: the same frame reuse, limits and writers), with a progress bar of its
     frames on stderr; the output's bytes. Its record lives in the job storage like any
@@ -248,7 +262,8 @@ def _convert_moving(path: Path, data: bytes, info: MediaInfo, style: str, size: 
     jobs = service.jobs
     assert jobs is not None, "the extension makes the jobs"
     record = jobs.store.create(data, client="cli", style=style, size=service.parse_size(size),
-                               kind=info.kind, format=info.format, frames_total=info.frames)
+                               kind=info.kind, format=info.format, frames_total=info.frames,
+                               colors=colors)
     if record is None:
         raise ConversionError("the job storage refused the file (down or full); check "
                               "ANIMEGAN_RESULT_STORAGE_URI")

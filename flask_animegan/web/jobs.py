@@ -42,7 +42,7 @@ from flask import (
 )
 from werkzeug.wrappers import Response as BaseResponse
 
-from ..errors import ConversionError, Overloaded, UnsupportedImage
+from ..errors import BadParameter, ConversionError, Overloaded, UnsupportedImage
 from ..inputs.media import MediaInfo
 from ..jobs.queues import FULL_RETRY_AFTER
 from ..jobs.records import JobRecord, JobState
@@ -142,6 +142,10 @@ def start_job(data: bytes, params: Any, info: MediaInfo | None = None) -> JobRec
     # checked as /convert checks it; the result keeps the upload's kind (GIF -> GIF,
     # video -> MP4) and the preview is a JPEG
     service.parse_format(params.get("format"))
+    options = service.parse_options(params.get("colors"), params.get("portrait"))
+    if options.portrait in ("on", "faces"):
+        raise BadParameter("portrait mode is for photos: a job converts each frame as a "
+                           "whole; leave portrait out (or send portrait=off)")
     if info is None:
         info = views.probe_upload(data)
     if info.kind == "still":
@@ -163,7 +167,8 @@ def start_job(data: bytes, params: Any, info: MediaInfo | None = None) -> JobRec
         raise Overloaded(f"the job queue is full ({waiting} jobs are waiting for a "
                          f"worker); try again in {FULL_RETRY_AFTER} s", FULL_RETRY_AFTER)
     _charge_frames(info)
-    record = jobs.submit(data, info, style=style, size=size, client=client)
+    record = jobs.submit(data, info, style=style, size=size, client=client,
+                         colors=options.colors)
     views.log.info("animegan.job %s", json.dumps(
         {"event": "queued", "kind": info.kind, "format": info.format, "frames": info.frames,
          "style": style, "size": size}, sort_keys=True))
