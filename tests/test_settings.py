@@ -43,6 +43,7 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
                                   "https://"],
     "ANIMEGAN_CONTENT_BLOCK": ["", "my block", "1content", "content}"],
     "ANIMEGAN_MODELS_DIR": [""],
+    "ANIMEGAN_PORTRAIT_SCENE_STYLE": [""],  # a name that is not installed: tests/test_options.py
     "ANIMEGAN_BASE_TEMPLATE": [""],
     "ANIMEGAN_EXTRA_STYLES": [{"mine": "https://x/mine.pt"}, {"mine": ["url", "sha1"]},
                               {"Bad Name": {"url": "https://x", "sha1": "0" * 40}},

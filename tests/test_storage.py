@@ -509,9 +509,10 @@ def test_a_member_round_trips_exactly(astronaut):
 def test_an_entry_round_trips_and_a_cut_one_never_raises():
     """An entry is its header and the result: nothing of the input it was converted from."""
     blob = encode_entry(b"the result", (SIDE, 171))
-    assert len(blob) == 16 + len(b"the result")
-    assert decode_entry(blob) == CachedResult(b"the result", (SIDE, 171))
+    assert len(blob) == 20 + len(b"the result")
+    assert decode_entry(blob) == CachedResult(b"the result", (SIDE, 171), faces=-1)
+    assert decode_entry(encode_entry(b"r", (1, 1), 3)) == CachedResult(b"r", (1, 1), faces=3)
     for end in range(len(blob)):
         assert decode_entry(blob[:end]) is None
     assert decode_entry(blob + b"x") is None
-    assert decode_entry(b"AGE2" + blob[4:]) is None  # the format before this one
+    assert decode_entry(b"AGE3" + blob[4:]) is None  # the format before this one
