@@ -127,6 +127,17 @@ def test_with_javascript_a_video_shows_as_a_video(
     screenshot(driver, tmp_path, "job-js-video.png")
 
 
+def status_text(driver) -> str | None:
+    """The job page's status line, or None while the page is being replaced by its
+    refresh (the element found, then gone before its text is read)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return driver.find_element("id", "animegan-job-status").text
+    except (NoSuchElementException, StaleElementReferenceException):
+        return None
+
+
 def test_without_javascript_the_job_page_refreshes_until_the_result(
         server, browser, media_files, tmp_path):  # noqa: F811 - the fixture from test_browser
     driver = browser(javascript=False)
@@ -135,15 +146,15 @@ def test_without_javascript_the_job_page_refreshes_until_the_result(
     driver.find_element("id", "animegan-submit").click()
     assert "/animegan/jobs/" in driver.current_url and driver.current_url.endswith("/page")
     screenshot(driver, tmp_path, "job-no-js-progress.png")
-    first = driver.find_element("id", "animegan-job-status").text
+    first = status_text(driver)
     stop = time.monotonic() + WAIT
     statuses = [first]
     while time.monotonic() < stop:
         time.sleep(0.5)
-        text = driver.find_element("id", "animegan-job-status").text  # after a refresh
-        if text != statuses[-1]:
+        text = status_text(driver)  # after a refresh
+        if text is not None and text != statuses[-1]:
             statuses.append(text)
-        if driver.find_elements("id", "animegan-job-download"):
+        if text is not None and text.startswith("Done"):
             break
     assert statuses[-1].startswith("Done: 36 of 36 frames"), statuses
     assert len(statuses) >= 3, f"the page should refresh with new progress: {statuses}"
