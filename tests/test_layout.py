@@ -1,6 +1,6 @@
 """The package's shape: imports run one way between its rooms, and there are no cycles.
 
-    extension -> web -> service -> pipeline -> {inputs, runtime, cache} -> {config, errors, process, metrics}
+    extension -> web -> service -> pipeline -> {inputs, runtime, cache, portrait} -> {config, errors, process, metrics}
 
 Every import counts, at module level or inside a function, under TYPE_CHECKING or not:
 a lazy import is still a door between two rooms.
@@ -24,11 +24,11 @@ LAYERS = {
     "web": 5,
     "service": 4,
     "pipeline": 3, "jobs": 3,
-    "inputs": 2, "runtime": 2, "cache": 2,
+    "inputs": 2, "runtime": 2, "cache": 2, "portrait": 2,
     "config": 1, "errors": 1, "process": 1, "metrics": 1,
 }
 #: Rooms of one layer that must not import one another.
-SIBLINGS = {"inputs", "runtime", "cache"}
+SIBLINGS = {"inputs", "runtime", "cache", "portrait"}
 
 
 def modules() -> dict[str, Path]:
@@ -128,6 +128,20 @@ def test_inputs_import_neither_torch_nor_flask():
             f"for name in {inputs!r}: importlib.import_module(name)\n"
             "print(json.dumps(sorted(m for m in sys.modules "
             "if m.split('.')[0] in ('torch', 'flask', 'flask_limiter', 'werkzeug'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PACKAGE.parent)
+    assert json.loads(out.stdout) == []
+
+
+def test_portrait_imports_neither_torch_nor_flask_nor_opencv():
+    """Portrait mode's room is light: importing all of it loads neither torch, Flask nor
+    OpenCV (cv2 loads on the first search)."""
+    portrait = sorted(m for m in GRAPH if room(m) == "portrait")
+    assert portrait, "the portrait room is missing"
+    code = ("import importlib, json, sys\n"
+            f"for name in {portrait!r}: importlib.import_module(name)\n"
+            "print(json.dumps(sorted(m for m in sys.modules "
+            "if m.split('.')[0] in ('torch', 'flask', 'flask_limiter', 'werkzeug', 'cv2'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=PACKAGE.parent)
     assert json.loads(out.stdout) == []
