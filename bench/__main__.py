@@ -32,6 +32,7 @@ from . import (
     jobs,
     memory,
     model_speed,
+    portrait,
     report,
     service,
     stages,
@@ -148,6 +149,7 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
         precision=precision), errors)
     results["colors"] = run_section("colors", lambda: colors.measure(
         weights.path, quick=quick), errors)
+    results["portrait"] = run_section("portrait", lambda: portrait.measure(quick), errors)
     results["targets"] = targets.check(results)
     results["errors"] = errors
     results["duration_s"] = time.monotonic() - started

@@ -15,7 +15,14 @@ import pytest
 from faces_corpus import SOURCES, corpus, face_free_photos, score, source_image
 from PIL import Image
 
-from flask_animegan.portrait import MAX_FACES, Face, align_face, face_crops, find_faces, paste_faces
+from flask_animegan.portrait import (
+    MAX_FACES,
+    Face,
+    align_face,
+    face_crops,
+    find_faces,
+    paste_faces,
+)
 from flask_animegan.portrait.blend import seam_ratio
 
 
