@@ -200,8 +200,17 @@ class Settings:
         check=_url_prefix)
     max_side: int = _setting(
         512, int,
-        'Largest allowed long side of the output, in pixels; also the default size.',
+        'Default long side of the output, in pixels, and the largest the network runs '
+        'on in one piece.',
         low=16, high=8192)
+    max_output_side: int | None = _setting(
+        None, int,
+        'Largest long side a photo may ask for, in pixels; unset: ANIMEGAN_MAX_SIDE. '
+        'Sizes above ANIMEGAN_MAX_SIDE run in overlapping tiles in bounded memory '
+        '(docs/large-photos.md) and cost (size / ANIMEGAN_MAX_SIDE)^2 conversions of '
+        'the rate limit, at most its whole window. Animations and videos stay within '
+        'ANIMEGAN_MAX_SIDE.',
+        low=16, high=16384)
     max_upload_bytes: int = _setting(
         16 * 1024 * 1024, int,
         'Largest accepted request body; larger bodies get 413 before they are read.',
@@ -508,6 +517,11 @@ class Settings:
                 f"{self.phash_size ** 2} bits of a hash of ANIMEGAN_PHASH_SIZE="
                 f"{self.phash_size}: every photo would match; the default is "
                 f"{DEFAULTS['ANIMEGAN_PHASH_MAX_DISTANCE']}"))
+        if self.max_output_side is not None and self.max_output_side < self.max_side:
+            raise SettingError("ANIMEGAN_MAX_OUTPUT_SIDE", (
+                f"ANIMEGAN_MAX_OUTPUT_SIDE={self.max_output_side} is under ANIMEGAN_MAX_SIDE="
+                f"{self.max_side}, the default size: raise it, or leave it unset for "
+                "ANIMEGAN_MAX_SIDE"))
         if (self.content_block != DEFAULTS["ANIMEGAN_CONTENT_BLOCK"]
                 and self.base_template == DEFAULTS["ANIMEGAN_BASE_TEMPLATE"]):
             raise SettingError("ANIMEGAN_CONTENT_BLOCK", (
@@ -527,6 +541,7 @@ class AnimeGANOptions(TypedDict, total=False):
     portrait_max_faces: int
     url_prefix: str
     max_side: int
+    max_output_side: int | None
     max_upload_bytes: int
     max_pixels: int
     max_decode_bytes: int

@@ -70,6 +70,7 @@ ACCEPTED_STRINGS: dict[str, list[Any]] = {
 COMPANIONS: dict[str, dict[str, Any]] = {
     "ANIMEGAN_PHASH_MAX_DISTANCE": {"ANIMEGAN_PHASH_SIZE": 64},
     "ANIMEGAN_CONTENT_BLOCK": {"ANIMEGAN_BASE_TEMPLATE": "layout.html"},
+    "ANIMEGAN_MAX_OUTPUT_SIDE": {"ANIMEGAN_MAX_SIDE": 16},
 }
 
 
@@ -267,6 +268,7 @@ def test_environment_values_start_an_app(tmp_path):
 @pytest.mark.parametrize("config,key", [
     ({"ANIMEGAN_PHASH_SIZE": 4, "ANIMEGAN_PHASH_MAX_DISTANCE": 17}, "ANIMEGAN_PHASH_MAX_DISTANCE"),
     ({"ANIMEGAN_CONTENT_BLOCK": "content"}, "ANIMEGAN_CONTENT_BLOCK"),
+    ({"ANIMEGAN_MAX_SIDE": 512, "ANIMEGAN_MAX_OUTPUT_SIDE": 384}, "ANIMEGAN_MAX_OUTPUT_SIDE"),
 ])
 def test_rules_between_settings_are_checked_at_start(tmp_path, config, key):
     with pytest.raises(RuntimeError, match=key):
