@@ -60,8 +60,9 @@ def _setting(default: Any, kind: type, meaning: str, *, low: float | None = None
     means the setting may be unset."""
     metadata = {"kind": kind, "meaning": meaning, "low": low, "high": high,
                 "choices": choices, "check": check}
-    if isinstance(default, dict):
-        return dataclasses.field(default_factory=lambda: dict(default), metadata=metadata)
+    if isinstance(default, (dict, list)):
+        return dataclasses.field(default_factory=lambda: type(default)(default),
+                                 metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -139,6 +140,33 @@ def _extra_styles(value: dict[str, Any]) -> str | None:
             return (f"has the entry {name!r}: {type(spec).__name__}; give a mapping of style "
                     'name to a dict, e.g. {"mine": {"url": "https://...", "sha1": "<40 hex>"}}')
     return None  # names, urls and hashes: runtime.catalog.known_styles, also in init_app
+
+
+class Hook:
+    """The kind of a setting that names code of the site: a callable, or its dotted path
+    (``"site.auth.is_admin"`` or ``"site.auth:is_admin"``), imported in ``init_app``."""
+
+
+def _dotted(value: Any) -> bool:
+    parts = value.replace(":", ".").split(".") if isinstance(value, str) else []
+    return len(parts) > 1 and all(part.isidentifier() for part in parts)
+
+
+def _hook(value: Any) -> str | None:
+    """a callable, or its dotted path (`site.auth.is_admin`)"""
+    if callable(value) or _dotted(value):
+        return None
+    return ("is neither a callable nor the dotted path of one: give e.g. "
+            "'site.auth.is_admin' or the function itself")
+
+
+def _decorators(value: list[Any]) -> str | None:
+    """a list of decorators, or their dotted paths (`flask_login.login_required`)"""
+    for entry in value:
+        if not (callable(entry) or _dotted(entry)):
+            return (f"has the entry {entry!r}: give a list of view decorators or their "
+                    "dotted paths, e.g. ['flask_login.login_required']")
+    return None
 
 
 def _block_name(value: str) -> str | None:
@@ -444,9 +472,28 @@ class Settings:
         'sends its own policy (allow `blob:` images); a policy you set here is sent.')
     csrf: bool = _setting(
         True, bool,
-        "The extension's own CSRF token on the upload form, when the app has a "
-        "`SECRET_KEY` (the JSON API needs none). With Flask-WTF's `CSRFProtect` on the "
-        "app, its token and check are used instead and this setting does nothing.")
+        "The extension's own CSRF token on the upload form (the JSON API needs none). It "
+        "needs the app's `SECRET_KEY`: without one the app refuses to start. With Flask-WTF's "
+        "`CSRFProtect` on the app, its token and check are used instead.")
+    page_decorators: list[Any] = _setting(
+        [], list,
+        'View decorators (or their dotted paths) that guard the pages: the form, its '
+        'results and the job page, e.g. `["flask_login.login_required"]` '
+        '(docs/site-integration.md). Each checks the request and answers it (a redirect to '
+        'the login page) or lets it through; `/healthz` and the static files stay open.',
+        check=_decorators)
+    api_decorators: list[Any] = _setting(
+        [], list,
+        'View decorators (or their dotted paths) that guard the JSON/image API (`/convert`, '
+        '`/styles`, `/jobs`, ...; not `/healthz`, `/metrics` or `/openapi.json`). A redirect '
+        'they answer becomes a 401 JSON error with its `login_url`.',
+        check=_decorators)
+    admin_check: Any = _setting(
+        None, Hook,
+        "A callable (or its dotted path) that says whether the current visitor runs the "
+        "site: only then does the page show the administrator's hints (`flask animegan "
+        "pull ...`). Unset: shown only in debug mode to clients on loopback.",
+        check=_hook)
     sample_size: int = _setting(
         128, int,
         "Long side of the style samples in the page's style picker, converted from a "
@@ -588,6 +635,9 @@ class AnimeGANOptions(TypedDict, total=False):
     health_details: str
     content_security_policy: str
     csrf: bool
+    page_decorators: list[Any]
+    api_decorators: list[Any]
+    admin_check: Any
     sample_size: int
     metrics: bool
     base_template: str
@@ -595,7 +645,8 @@ class AnimeGANOptions(TypedDict, total=False):
 
 
 _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False",
-               str: "a string", dict: "a mapping (a dict)"}
+               str: "a string", dict: "a mapping (a dict)", list: "a list",
+               Hook: "a callable or its dotted path"}
 
 
 @dataclass(frozen=True)
@@ -681,6 +732,10 @@ class Setting:
 
 
 def _is_kind(value: Any, kind: type) -> bool:
+    if kind is Hook:
+        return callable(value) or isinstance(value, str)
+    if kind is list:
+        return isinstance(value, (list, tuple))
     if kind is float:  # a whole number is a number; True is not
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind is int:
@@ -730,8 +785,12 @@ _ENV = "environment variable "
 
 
 def _from_text(setting: Setting, raw: str) -> Any:
-    if setting.kind is str:
+    if setting.kind is Hook and raw.strip() == "":
+        return None  # an empty variable: no check
+    if setting.kind in (str, Hook):
         value: Any = raw
+    elif setting.kind is list:  # dotted paths, separated by commas or spaces
+        value = raw.replace(",", " ").split()
     elif setting.kind is bool:
         word = raw.strip().lower()
         if word not in _TRUE and word not in _FALSE:

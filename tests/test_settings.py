@@ -45,6 +45,9 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_MODELS_DIR": [""],
     "ANIMEGAN_PORTRAIT_SCENE_STYLE": [""],  # a name that is not installed: tests/test_options.py
     "ANIMEGAN_BASE_TEMPLATE": [""],
+    "ANIMEGAN_PAGE_DECORATORS": ["login_required", ["flask_login."], [5], ["a b.c"]],
+    "ANIMEGAN_API_DECORATORS": ["login_required", [None], ["flask_login..login_required"]],
+    "ANIMEGAN_ADMIN_CHECK": ["is_admin", "site.", "a b.c", ".site"],
     "ANIMEGAN_EXTRA_STYLES": [{"mine": "https://x/mine.pt"}, {"mine": ["url", "sha1"]},
                               {"Bad Name": {"url": "https://x", "sha1": "0" * 40}},
                               {"mine": {"url": "https://x/mine.pt"}},
@@ -65,6 +68,9 @@ ACCEPTED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_WEIGHTS_BASE_URL": ["", "http://127.0.0.1:8080/weights", "https://mirror.example"],
     "ANIMEGAN_EXTRA_STYLES": [{"mine": {"url": "https://x/mine.pt", "sha1": "0" * 40,
                                         "licence": "CC-BY", "face": True}}],
+    "ANIMEGAN_PAGE_DECORATORS": [["flask_login.login_required"], ["site.auth:members", "a.b"]],
+    "ANIMEGAN_API_DECORATORS": [["flask_login.login_required"]],
+    "ANIMEGAN_ADMIN_CHECK": ["site.auth.is_admin", "site.auth:is_admin"],
 }
 #: Settings that need another one to make a valid example valid (rules between settings).
 COMPANIONS: dict[str, dict[str, Any]] = {
@@ -153,8 +159,8 @@ ENV_CASES = [pytest.param(s.name, raw, id=f"{s.name}-{raw!r}"[:90])
 
 def build(tmp_path: Path, **config: Any) -> Flask:
     app = Flask("settings_test")
-    app.config.update({"ANIMEGAN_MODELS_DIR": str(tmp_path), "ANIMEGAN_WARMUP_SIZE": 0,
-                       **config})
+    app.config.update({"SECRET_KEY": "settings test", "ANIMEGAN_MODELS_DIR": str(tmp_path),
+                       "ANIMEGAN_WARMUP_SIZE": 0, **config})
     AnimeGAN(app)
     return app
 
@@ -237,6 +243,8 @@ def test_valid_values_round_trip_through_the_environment(key, value):
         pytest.skip("an unset string setting is an absent variable (empty is a value)")
     if value is None or (setting.kind is dict):
         raw = "" if value is None else json.dumps(value)
+    elif setting.kind is list:
+        raw = ", ".join(value)
     elif setting.kind is bool:
         raw = "true" if value else "false"
     else:
