@@ -242,7 +242,7 @@ def make_app(models_dir: Path, style: str, backend: str, precision: str, size: i
     app.config.update(ANIMEGAN_MODELS_DIR=str(models_dir), ANIMEGAN_DEFAULT_STYLE=style,
                       ANIMEGAN_SHIPPED_STYLES=False, ANIMEGAN_BACKEND=backend,
                       ANIMEGAN_PRECISION=precision, ANIMEGAN_CACHE_TTL=0,
-                      ANIMEGAN_RATE_LIMIT="", ANIMEGAN_SAMPLE_SIZE=0,
+                      ANIMEGAN_RATE_LIMIT="", ANIMEGAN_SAMPLE_SIZE=0, ANIMEGAN_CSRF=False,
                       ANIMEGAN_MAX_SIDE=max(size, 64), ANIMEGAN_WARMUP_SIZE=size,
                       ANIMEGAN_MODEL_CACHE_DIR=str(models_dir.parent / "model-cache"))
     AnimeGAN(app)

@@ -24,6 +24,7 @@ from .service import AnimeGANService, get_service
 from .web import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
 from .web import jobs as _jobs  # noqa: F401  registers the job routes on the blueprint
 from .web import limits as ratelimit
+from .web import protection
 from .web.blueprint import blueprint
 from .web.views import routing_error_response  # the views register their routes
 
@@ -34,6 +35,23 @@ EXTENSION_KEY = "animegan"
 #: The package logs here (the startup line, one line per conversion); gunicorn.conf.py
 #: sends it to gunicorn's error log.
 log = logging.getLogger("flask_animegan")
+
+
+def _check_csrf_secret(app: Flask, settings: Settings) -> None:
+    """Fail closed: the upload form's CSRF token (ours, or Flask-WTF's) is signed with the
+    app's secret key, and without one it would silently be left out. A site that loads
+    its SECRET_KEY after ``init_app`` must load it before."""
+    if not settings.csrf or app.config.get("SECRET_KEY"):
+        return
+    if app.config.get("WTF_CSRF_SECRET_KEY") and "csrf" in app.extensions:
+        return  # Flask-WTF signs its tokens with its own key
+    raise ValueError(
+        "ANIMEGAN_CSRF is on (the default) and the app has no SECRET_KEY, so the upload form "
+        "could carry no CSRF token. Set SECRET_KEY before AnimeGAN(app) / init_app: "
+        "app.config['SECRET_KEY'] = <a long random string, the same on every worker, e.g. "
+        "from python -c 'import secrets; print(secrets.token_hex(32))'>, or from the "
+        "environment (FLASK_SECRET_KEY with app.config.from_prefixed_env()). Only if "
+        "something else protects the form, set ANIMEGAN_CSRF = False")
 
 
 class AnimeGAN:
@@ -82,10 +100,12 @@ class AnimeGAN:
                                   "; remove it (the settings: docs/configuration.md)"))
         try:
             settings = Settings.from_config(app.config)
+            _check_csrf_secret(app, settings)
             catalog = known_styles(settings.extra_styles)
             own = (None if ratelimit.host_limiter(app.extensions)
                    else ratelimit.own_limiter(app, settings))
             job_queue = open_queue(settings, partial(self._run_job, app))
+            protection.install(app, settings)
         except ValueError as exc:
             raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
 

@@ -84,6 +84,9 @@ TEST_CONFIG: dict[str, Any] = {
     # the style picker's samples are a conversion per style at warm-up; tests/test_page.py
     # turns them on
     "ANIMEGAN_SAMPLE_SIZE": 0,
+    # the form's own CSRF token needs a SECRET_KEY (without one the app refuses to start);
+    # build_app turns it on for the tests that give a key
+    "ANIMEGAN_CSRF": False,
 }
 
 
@@ -94,6 +97,8 @@ def build_app(models_dir: Path, openvino_cache: Path, **config: object) -> Flask
     app.config.update(TEST_CONFIG, ANIMEGAN_MODELS_DIR=str(models_dir),
                       ANIMEGAN_MODEL_CACHE_DIR=str(openvino_cache))
     app.config.update(config)
+    if "SECRET_KEY" in config and "ANIMEGAN_CSRF" not in config:
+        app.config["ANIMEGAN_CSRF"] = True  # with a key, the form has its token (the default)
     AnimeGAN(app)
     AnimeGAN.warm_up(app)  # as gunicorn.conf.py does in each worker
     return app

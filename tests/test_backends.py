@@ -155,7 +155,7 @@ app = Flask("host_app")
 app.config.update(ANIMEGAN_MODELS_DIR=sys.argv[1], ANIMEGAN_MODEL_CACHE_DIR=sys.argv[2],
                   ANIMEGAN_SHIPPED_STYLES=False, ANIMEGAN_DEFAULT_STYLE="test_style",
                   ANIMEGAN_WARMUP_SIZE=32,
-                  ANIMEGAN_SAMPLE_SIZE=0, ANIMEGAN_RATE_LIMIT="")
+                  ANIMEGAN_SAMPLE_SIZE=0, ANIMEGAN_RATE_LIMIT="", ANIMEGAN_CSRF=False)
 app.config.update(dict(arg.split("=", 1) for arg in sys.argv[3:]))
 AnimeGAN(app)
 AnimeGAN.warm_up(app)

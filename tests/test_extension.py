@@ -6,7 +6,7 @@ import io
 import logging
 
 import pytest
-from conftest import TEST_CONFIG, photo, photo_bytes
+from conftest import TEST_CONFIG, encode_image, photo, photo_bytes
 from flask import Flask, current_app
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
@@ -237,19 +237,22 @@ def test_a_switch_with_an_unclear_value_says_which_values_work():
         from_environ({"ANIMEGAN_CSRF": "maybe"})
 
 
-def test_an_unreadable_form_is_counted_and_leaves_the_limit_storage_alone(models_dir):
-    """A form too large to read gets 413 and counts as a conversion attempt; reading it for
-    the CSRF check must not look like a storage failure to flask-limiter (which would then
-    fall back to per-process counts)."""
+def test_an_unreadable_form_costs_nothing_and_leaves_the_limit_storage_alone(models_dir):
+    """A form too large to read gets 413 and, having cost no CPU, takes nothing from the
+    limit; reading it for the CSRF check and the cost must not look like a storage failure
+    to flask-limiter (which would then fall back to per-process counts)."""
     app = base_app(models_dir, ANIMEGAN_RATE_LIMIT="2 per minute", SECRET_KEY="s",
                    ANIMEGAN_MAX_UPLOAD_BYTES=1000)
     AnimeGAN(app)
     client = app.test_client()
     big = {"image": (io.BytesIO(b"x" * 5000), "a.jpg")}
-    assert client.post("/animegan/upload", data=big).status_code == 413
-    statuses = [client.post("/animegan/convert", data=photo_bytes("coffee"),
-                            content_type="image/jpeg").status_code for _ in range(2)]
-    assert statuses == [413, 429]  # the 413 form counted: one conversion was left
+    refused = client.post("/animegan/upload", data=big)
+    assert refused.status_code == 413 and refused.headers["X-RateLimit-Remaining"] == "2"
+    tiny = encode_image(photo("coffee").resize((40, 30)), quality=50)
+    assert len(tiny) < 1000
+    remaining = [client.post("/animegan/convert", data=tiny, content_type="image/jpeg")
+                 .headers["X-RateLimit-Remaining"] for _ in range(2)]
+    assert remaining == ["1", "0"]  # the 413 took nothing: both conversions were left
 
 
 def test_init_app_imports_nothing_it_does_not_need_until_the_warm_up(models_dir):
@@ -263,7 +266,8 @@ def test_init_app_imports_nothing_it_does_not_need_until_the_warm_up(models_dir)
         "from flask import Flask\n"
         "from flask_animegan import AnimeGAN\n"
         "app = Flask('site')\n"
-        f"app.config.update(ANIMEGAN_MODELS_DIR={str(models_dir)!r}, ANIMEGAN_BACKEND='auto')\n"
+        f"app.config.update(ANIMEGAN_MODELS_DIR={str(models_dir)!r}, ANIMEGAN_BACKEND='auto',"
+        " SECRET_KEY='s')\n"
         "AnimeGAN(app)\n"
         "heavy = ('openvino', 'scipy.ndimage', 'imagehash')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
@@ -305,3 +309,45 @@ def test_the_package_reads_no_private_attribute_of_flask_limiter():
         found = private.findall(text) + re.findall(r"_key_func|_headers_enabled|_storage_dead",
                                                    text)
         assert not found, f"{path.name} reads flask-limiter internals: {found}"
+
+
+def test_csrf_on_and_no_secret_key_refuses_to_start_naming_the_fix(models_dir):
+    """Fail closed: the form would otherwise go out without a CSRF token, silently."""
+    app = base_app(models_dir, ANIMEGAN_CSRF=True)
+    with pytest.raises(RuntimeError, match="ANIMEGAN_CSRF .* no SECRET_KEY") as error:
+        AnimeGAN(app)
+    message = str(error.value)
+    assert "app.config['SECRET_KEY']" in message and "FLASK_SECRET_KEY" in message
+    assert "secrets.token_hex" in message and "ANIMEGAN_CSRF = False" in message
+    assert "animegan" not in app.extensions and not app.blueprints
+
+
+def test_csrf_starts_with_a_secret_key_or_turned_off(models_dir):
+    keyed = base_app(models_dir, ANIMEGAN_CSRF=True, SECRET_KEY="site key")
+    AnimeGAN(keyed)
+    page = keyed.test_client().get("/animegan/").get_data(as_text=True)
+    assert 'name="csrf_token"' in page
+    tokenless = keyed.test_client().post(
+        "/animegan/upload", data={"image": (io.BytesIO(photo_bytes("coffee")), "a.jpg")})
+    assert tokenless.status_code == 400
+    off = base_app(models_dir, ANIMEGAN_CSRF=False)
+    AnimeGAN(off)  # turned off by the site: its choice, and it starts
+    assert 'name="csrf_token"' not in off.test_client().get("/animegan/").get_data(as_text=True)
+
+
+def test_flask_wtf_with_its_own_key_needs_no_secret_key(models_dir):
+    from flask_wtf.csrf import CSRFProtect
+
+    app = base_app(models_dir, ANIMEGAN_CSRF=True, WTF_CSRF_SECRET_KEY="wtf key")
+    CSRFProtect(app)
+    AnimeGAN(app)
+    assert "animegan" in app.extensions
+
+
+def test_the_example_app_starts_without_a_key_in_its_environment(monkeypatch):
+    """example_app makes a random SECRET_KEY when FLASK_SECRET_KEY is not set (one worker)."""
+    import example_app
+
+    monkeypatch.delenv("FLASK_SECRET_KEY", raising=False)
+    app = example_app.create_app({"ANIMEGAN_WARMUP_SIZE": 0, "ANIMEGAN_SAMPLE_SIZE": 0})
+    assert app.secret_key and app.extensions["animegan"].settings.csrf

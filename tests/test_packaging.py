@@ -113,6 +113,7 @@ from flask import Flask
 from flask_animegan import AnimeGAN
 
 app = Flask(__name__)
+app.config["SECRET_KEY"] = "a packaging test"  # the form's CSRF token needs one
 AnimeGAN(app)
 """
 

@@ -47,7 +47,7 @@ def make_app(models_dir: Path, threads: int) -> Flask:
     app = Flask("upload_census")
     app.config.update(ANIMEGAN_MODELS_DIR=str(models_dir), ANIMEGAN_WARMUP_SIZE=0,
                       ANIMEGAN_RATE_LIMIT="", ANIMEGAN_MAX_SIDE=MAX_SIDE, ANIMEGAN_CACHE_TTL=0,
-                      ANIMEGAN_SAMPLE_SIZE=0, ANIMEGAN_PRECISION="fp32",
+                      ANIMEGAN_SAMPLE_SIZE=0, ANIMEGAN_PRECISION="fp32", ANIMEGAN_CSRF=False,
                       ANIMEGAN_TORCH_THREADS=threads)
     flask_animegan.AnimeGAN(app)
     # 5xx tracebacks are counted below; printing thousands of them would bury the table

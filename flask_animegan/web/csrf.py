@@ -6,9 +6,12 @@ like any other form of the site. The extension adds nothing to that check; it on
 makes sure the check ran (a site may set ``WTF_CSRF_CHECK_DEFAULT = False``, or may have
 exempted the blueprint) and exempts the JSON API, ``/convert``.
 
-Without Flask-WTF, and when the app has a ``SECRET_KEY``, the extension's own token
-is a random value kept in Flask's signed session cookie and repeated in a hidden form
-field; a form posted from another site cannot know it (``ANIMEGAN_CSRF`` turns it off).
+Without Flask-WTF, the extension's own token is a random value kept in Flask's signed
+session cookie and repeated in a hidden form field; a form posted from another site
+cannot know it (``ANIMEGAN_CSRF`` turns it off). It fails closed: an app with the token
+on and no ``SECRET_KEY`` is refused at ``init_app`` (extension.py), and one whose key
+went missing later answers 500 (Flask's "session is unavailable") instead of a form
+without a token.
 
 Why ``/convert`` needs no token, even under a site-wide ``CSRFProtect``: a forged
 request is dangerous when the visitor's cookies make it act *as the visitor*. The API
@@ -78,7 +81,7 @@ def exempt_from_host(view: Callable[..., Any]) -> None:
 
 def enabled() -> bool:
     """Whether the extension's own token is on (it is used only where Flask-WTF is not)."""
-    return bool(get_service().settings.csrf and current_app.secret_key)
+    return get_service().settings.csrf
 
 
 def token() -> str | None:

@@ -51,6 +51,7 @@ from ..service import get_service
 from . import csrf, views
 from .blueprint import blueprint
 from .clients import CONVERSIONS_SCOPE, client_key
+from .limits import spending
 
 log = logging.getLogger("flask_animegan")
 #: Seconds the page waits before it refreshes itself, and the script between polls.
@@ -101,8 +102,9 @@ def _conversions(frames: int) -> int:
 
 def _charge_frames(info: MediaInfo) -> None:
     """Count the job's frames against the conversions' rate limit: ``ceil(frames / N)``
-    conversions, one of which the limit's check counted before the view. Raises
-    TooManyJobs, costing nothing more, when they do not fit in what is left."""
+    conversions, one of which flask-limiter takes after the view (it tested that one
+    before it). Raises TooManyJobs, costing nothing more than that one, when they do not
+    fit in what is left."""
     service = get_service()
     cost = _conversions(info.frames)
     if cost <= 1:
@@ -112,7 +114,7 @@ def _charge_frames(info: MediaInfo) -> None:
             continue
         item, args = counted.limit, counted.request_args
         try:
-            fits = counted.limiter.test(item, *args, cost=cost - 1)
+            fits = counted.limiter.test(item, *args, cost=cost)
             if fits:
                 counted.limiter.hit(item, *args, cost=cost - 1)
         except Exception:  # a host Limiter's storage failed: as its headers do
@@ -146,6 +148,7 @@ def start_job(data: bytes, params: Any, info: MediaInfo | None = None) -> JobRec
     if options.portrait in ("on", "faces"):
         raise BadParameter("portrait mode is for photos: a job converts each frame as a "
                            "whole; leave portrait out (or send portrait=off)")
+    spending()  # the probe and the frames cost CPU: from here on the request counts
     if info is None:
         info = views.probe_upload(data)
     if info.kind == "still":

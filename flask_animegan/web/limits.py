@@ -26,14 +26,16 @@ covers only its check before the view, and it logs each flap of a full Redis.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import weakref
 from collections.abc import MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from flask import Flask, request
+from flask import Flask, Response, g, request
 from flask_limiter import ExemptionScope, Limiter
+from limits import parse_many
 from limits.storage import MemoryStorage as CountsInMemory
 from limits.storage import (
     MovingWindowSupport,
@@ -249,6 +251,51 @@ def warn_if_evicting(counts: FallbackCounts) -> None:
             counts.health.address, policy)
 
 
+#: Set on ``g`` once a conversion request has passed its parameter checks (views.py,
+#: jobs.py): from then on it costs CPU and counts.
+_SPENT = "animegan_spent"
+
+
+def spending() -> None:
+    """Mark this request as one that costs CPU (its parameters passed; decoding starts)."""
+    setattr(g, _SPENT, True)
+
+
+def deducts(response: Response) -> bool:
+    """Whether this conversion request counts against the limit: it succeeded (a result,
+    a result page's redirect, a queued job), or it failed after its decoding began. A
+    refusal before that (a bad parameter, an unknown style, a CSRF failure, a 413 of its
+    length, the admission's 503) costs no CPU and counts nothing; neither does any 503,
+    the server's load and not the client's doing."""
+    status = response.status_code
+    return status < 400 or (bool(g.get(_SPENT)) and status != 503)
+
+
+def conversion_cost() -> int:
+    """What this request takes from the limit: ceil((size / ANIMEGAN_MAX_SIDE)^2) for a
+    photo whose ``size`` (query string or form field) is over ANIMEGAN_MAX_SIDE, at most
+    the smallest amount of ANIMEGAN_RATE_LIMIT's limits (a 4096-px photo at "5 per
+    minute" takes the whole window, and is never refused for ever); 1 otherwise, a
+    missing or bad size included (the view refuses it, and then nothing counts). A job's
+    frames count through jobs.py."""
+    service = get_service()
+    if request.endpoint == f"{blueprint.name}.create_job" or not service.rate_limit:
+        return 1
+    raw = request.args.get("size")
+    if raw is None and request.mimetype == "multipart/form-data":
+        try:
+            raw = request.form.get("size")
+        except HTTPException:  # unreadable (too large): the view answers; flask-limiter
+            return 1           # would take an exception from here for a storage outage
+    text = (raw or "").strip()
+    size = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else 0
+    largest = getattr(service, "max_output_side", service.max_side)
+    if not service.max_side < size <= largest:
+        return 1
+    cap = min(item.amount for item in parse_many(service.rate_limit))
+    return max(1, min(cap, math.ceil((size / service.max_side) ** 2)))
+
+
 def _conversion_limit() -> str:
     return get_service().rate_limit or "1 per second"  # unused when off: _not_counting
 
@@ -280,8 +327,11 @@ def configure(limiter: Limiter) -> None:
             return
         # exempt from the host's default and application-wide limits, not from our own
         limiter.exempt(blueprint, flags=ExemptionScope.DEFAULT | ExemptionScope.APPLICATION)
+        # deduct_when: the limit is tested before the view and taken after it, so that a
+        # refusal that cost no CPU takes nothing (deducts); cost: large photos take more
         limiter.shared_limit(_conversion_limit, scope=CONVERSIONS_SCOPE, methods=["POST"],
-                             exempt_when=lambda: _not_counting(limiter))(blueprint)
+                             exempt_when=lambda: _not_counting(limiter),
+                             deduct_when=deducts, cost=conversion_cost)(blueprint)
         limiter.request_filter(_form_post_to_refuse)
         _configured.add(limiter)
 

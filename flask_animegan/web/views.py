@@ -8,7 +8,7 @@ import logging
 import time
 import weakref
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from flask import (
@@ -26,7 +26,7 @@ from flask import (
 from flask_limiter.errors import RateLimitExceeded
 from jinja2 import Environment, Template
 from markupsafe import escape
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, default_exceptions
 from werkzeug.routing import RequestRedirect
 from werkzeug.wrappers import Response as BaseResponse
 
@@ -43,9 +43,10 @@ from ..inputs.formats import encode
 from ..inputs.media import MediaInfo
 from ..pipeline import Conversion, describe_timings
 from ..service import WARMING_RETRY_AFTER, get_service
-from . import csrf
+from . import csrf, protection
 from .blueprint import blueprint
 from .clients import client_key, is_loopback
+from .limits import conversion_cost, deducts, spending
 
 #: The job API's endpoints (web/jobs.py), all JSON; its page, ``job_page``, is HTML.
 JOB_API_ENDPOINTS = frozenset({"animegan.create_job", "animegan.job", "animegan.cancel_job",
@@ -57,8 +58,9 @@ API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.heal
 #: the rate limit (web/limits.py); a job adds its frames to it (web/jobs.py).
 LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert", "animegan.create_job"})
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
-#: Output sizes the form offers (those up to ANIMEGAN_MAX_SIDE, and the maximum itself).
-FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048)
+#: Output sizes the form offers (those up to the largest a photo may ask for,
+#: ANIMEGAN_MAX_OUTPUT_SIDE, and ANIMEGAN_MAX_SIDE and that largest themselves).
+FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 #: Most seconds a refused conversion's upload is read before its 503 (_drop_body).
 DROP_BODY_SECONDS = 1.0
 #: The form's choices of the colour option and portrait mode (value, label).
@@ -80,6 +82,9 @@ _adapters: weakref.WeakKeyDictionary[Environment, dict[str, Template]] = (
 # form (the upload) in one of those.
 @blueprint.url_value_preprocessor
 def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> None:
+    # the site's login (or other) checks first: a visitor they turn away takes no
+    # conversion slot and no part of the rate limit (web/protection.py)
+    protection.guard(endpoint)
     if endpoint in LIMITED_ENDPOINTS:
         # Before anything reads the upload: an app with its conversions all in use
         # answers 503 at once, and one thread stays free for /healthz and the pages
@@ -193,8 +198,11 @@ def _rate_limit_headers(response: Response) -> Response:
     if current is not None and request.endpoint in LIMITED_ENDPOINTS:
         window = _window(current)
         if window is not None:
+            # flask-limiter takes this request's cost after our after_request functions
+            # (web/limits.py: a refusal that cost no CPU takes none)
+            remaining = max(0, window[0] - (conversion_cost() if deducts(response) else 0))
             response.headers.setdefault("X-RateLimit-Limit", str(current.limit.amount))
-            response.headers.setdefault("X-RateLimit-Remaining", str(window[0]))
+            response.headers.setdefault("X-RateLimit-Remaining", str(remaining))
             response.headers.setdefault("X-RateLimit-Reset", str(window[1]))
     if response.status_code not in (429, 503):
         response.headers.pop("Retry-After", None)
@@ -217,10 +225,12 @@ def _path_only(url: str) -> str:
 
 
 def routing_error_response(response: Response) -> Response:
-    """For requests under the prefix that matched no route: our headers and error body.
+    """For requests under the prefix that matched no route: our status, headers and JSON
+    error body, whatever the host's handlers (``app_errorhandler(404)``,
+    ``errorhandler(Exception)``) made of them.
 
-    Registered on the app (blueprint handlers never see routing errors); requests
-    outside the prefix are left exactly as the host app answered them.
+    Registered on the app (Flask gives a request that matched no route to the app's
+    handlers only); requests outside the prefix are left exactly as the host answered.
     """
     if request.routing_exception is None or request.blueprint is not None:
         return response
@@ -232,12 +242,15 @@ def routing_error_response(response: Response) -> Response:
         # Host header a client chose; a path-only Location stays on the site it came to.
         response.headers["Location"] = _path_only(request.routing_exception.new_url)
         return add_security_headers(response)
-    if response.status_code >= 400 and response.mimetype != "application/json":
-        error = request.routing_exception
-        message = getattr(error, "description", None) or response.status
-        body = jsonify(error=message, status=response.status_code)
+    error = request.routing_exception
+    if isinstance(error, HTTPException) and error.code:
+        body = jsonify(error=error.description or error.name, status=error.code)
+        response.status_code = error.code
         response.set_data(body.get_data())
         response.mimetype = "application/json"
+        for name, value in error.get_headers():  # a 405's Allow
+            if name.lower() != "content-type":
+                response.headers[name] = value
     return add_security_headers(response)
 
 
@@ -346,8 +359,26 @@ def moving_upload(data: bytes) -> MediaInfo | None:
     return None if info.kind == "still" else info
 
 
+def check_parameters(params: Any, largest: int | None = None) -> None:
+    """Refuse a request's bad parameters (an unknown style 404, a bad size, format, colour
+    or portrait option 400) before anything is decoded; ``largest``: the largest size
+    allowed (None: the largest a photo may ask for)."""
+    service = get_service()
+    service.engine.style(params.get("style") or None)
+    service.parse_size(params.get("size"), largest or _largest_size(service))
+    service.parse_format(params.get("format"))
+    service.parse_options(params.get("colors"), params.get("portrait"))
+
+
+def _largest_size(service: Any) -> int:
+    # service.max_output_side: issue 28's sizes above ANIMEGAN_MAX_SIDE (in tiles)
+    return int(getattr(service, "max_output_side", service.max_side))
+
+
 def _convert_request() -> Conversion:
     data, params = _read_upload()
+    check_parameters(params)
+    spending()  # from here on the request costs CPU: it counts against the rate limit
     moving = moving_upload(data)
     if moving is not None:
         raise NeedsJob(moving, data, params)
@@ -379,10 +410,11 @@ def _page(layout: str | Template | None = None, **extra: Any) -> SimpleNamespace
         pullable=[s for s in styles if not s["installed"]],
         face_styles=any(s["face_crop"] for s in installed),
         # `flask animegan pull ...` is for whoever runs the site, not for its visitors
-        admin_hints=current_app.debug,
+        admin_hints=protection.is_admin(),
         default_style=service.engine.default_style,
         max_side=service.max_side,
-        sizes=sorted({s for s in FORM_SIZES if s < service.max_side} | {service.max_side}),
+        sizes=sorted({s for s in FORM_SIZES if s < _largest_size(service)}
+                     | {service.max_side, _largest_size(service)}),
         formats=OUTPUT_FORMATS,
         default_format=service.output_format,
         colors=COLOR_CHOICES,
@@ -657,3 +689,20 @@ def _http_error(error: HTTPException) -> Response:
     else:
         message = error.description or error.name
     return _error_response(message, error.code or 500)
+
+
+# Flask picks an error handler by status code before it looks at classes, the app's
+# code handlers before the blueprint's class handlers: a site's app_errorhandler(404)
+# would answer our abort(404)s. Registered here for every HTTP error code, ours come
+# first for every request under the prefix that matched a route.
+for _code in default_exceptions:
+    blueprint.register_error_handler(_code, _http_error)
+
+
+@blueprint.errorhandler(Exception)
+def _unexpected(error: Exception) -> NoReturn:
+    """An exception no handler of ours knows (a bug): raised on, so that Flask logs it,
+    sends ``got_request_exception`` and, unless it propagates (testing, debug), answers
+    with our 500 handler above; without this, a site's ``errorhandler(Exception)``,
+    found before Flask makes the 500, would answer it."""
+    raise error

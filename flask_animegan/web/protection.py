@@ -1,0 +1,111 @@
+"""The site's own checks on our routes: view decorators that guard the pages or the API
+(ANIMEGAN_PAGE_DECORATORS, ANIMEGAN_API_DECORATORS) and the check that says who runs
+the site (ANIMEGAN_ADMIN_CHECK). docs/site-integration.md shows them with Flask-Login.
+
+The blueprint's view functions are shared by every app in the process, so a site's
+decorators are never wrapped around them. Each request runs the decorators of its kind
+of route around a stand-in view, before anything else of ours (the admission, the rate
+limit, the upload's reading): a decorator that lets the request through calls the
+stand-in; one that answers (Flask-Login's redirect to the login page) or raises
+(``abort(401)``) ends the request there. Decorators that change the view's response
+instead of guarding it do not fit this hook: wrap the app's routes for those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from flask import Flask, abort, current_app, jsonify, make_response
+from werkzeug.utils import ImportStringError, import_string
+
+from ..config import Settings
+from .clients import client_address, is_loopback
+
+#: Where a site's checks live in ``app.extensions`` (beside the service, "animegan").
+EXTENSION_KEY = "animegan.protection"
+#: The pages: what a browser opens (HTML, or the result's pictures the page shows).
+PAGE_ENDPOINTS = frozenset({"animegan.index", "animegan.upload", "animegan.result",
+                            "animegan.result_image", "animegan.job_page"})
+#: The JSON/image API; /healthz, /metrics and /openapi.json are not guarded (load
+#: balancers and scrapers do not log in; metrics have their own switch).
+GUARDED_API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles",
+                                   "animegan.style_sample", "animegan.create_job",
+                                   "animegan.job", "animegan.cancel_job",
+                                   "animegan.job_result", "animegan.job_preview"})
+_LET_THROUGH = object()
+
+
+@dataclass(frozen=True)
+class Protection:
+    """One app's checks, imported: the decorators of each kind of route, the admin check."""
+
+    pages: tuple[Callable[..., Any], ...] = ()
+    api: tuple[Callable[..., Any], ...] = ()
+    admin_check: Callable[[], Any] | None = None
+
+
+def _imported(key: str, value: Any) -> Any:
+    if callable(value):
+        return value
+    try:
+        found = import_string(value.replace(":", "."))
+    except ImportStringError as exc:
+        raise ValueError(f"{key}: {value!r} cannot be imported ({exc.exception}); give the "
+                         "dotted path of an installed function, e.g. "
+                         "'flask_login.login_required', or the function itself") from None
+    if not callable(found):
+        raise ValueError(  # noqa: TRY004 - init_app turns ValueErrors into its RuntimeError
+            f"{key}: {value!r} is a {type(found).__name__}, not a callable; "
+                         "give the dotted path of a function")
+    return found
+
+
+def install(app: Flask, settings: Settings) -> None:
+    """Import the site's checks (init_app): one that cannot be imported stops the start."""
+    app.extensions[EXTENSION_KEY] = Protection(
+        pages=tuple(_imported("ANIMEGAN_PAGE_DECORATORS", d) for d in settings.page_decorators),
+        api=tuple(_imported("ANIMEGAN_API_DECORATORS", d) for d in settings.api_decorators),
+        admin_check=(None if settings.admin_check is None
+                     else _imported("ANIMEGAN_ADMIN_CHECK", settings.admin_check)))
+
+
+def _protection() -> Protection:
+    found = current_app.extensions.get(EXTENSION_KEY)
+    return found if isinstance(found, Protection) else Protection()
+
+
+def guard(endpoint: str | None) -> None:
+    """Run the site's decorators for ``endpoint``'s kind of route; return when they let the
+    request through, else end it with their answer (``abort(response)``: no error handler,
+    the host's or ours, rewrites it). On the API, a redirect (to a login page) becomes a
+    401 JSON error that names the page, ``login_url``: a script cannot follow a login form."""
+    protection = _protection()
+    decorators = (protection.pages if endpoint in PAGE_ENDPOINTS
+                  else protection.api if endpoint in GUARDED_API_ENDPOINTS else ())
+    if not decorators:
+        return
+    view: Callable[..., Any] = lambda: _LET_THROUGH  # the stand-in view
+    for decorator in reversed(decorators):  # listed outermost first, as written above a view
+        view = decorator(view)
+    answer = current_app.ensure_sync(view)()
+    if answer is _LET_THROUGH:
+        return
+    response = make_response(answer)
+    if endpoint in GUARDED_API_ENDPOINTS and 300 <= response.status_code < 400:
+        login_url = response.headers.get("Location")
+        response = make_response(jsonify(
+            error="log in first: this API needs a signed-in session of the site",
+            status=401, login_url=login_url), 401)
+    abort(response)
+
+
+def is_admin() -> bool:
+    """Whether the current visitor runs the site, for the page's administrator's hints:
+    ANIMEGAN_ADMIN_CHECK's answer; without one, only in debug mode and to a client on
+    loopback (the rule of ANIMEGAN_HEALTH_DETAILS = local), never to every visitor."""
+    check = _protection().admin_check
+    if check is not None:
+        return bool(check())
+    return bool(current_app.debug) and is_loopback(client_address())
