@@ -24,6 +24,7 @@ from .service import AnimeGANService, get_service
 from .web import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
 from .web import jobs as _jobs  # noqa: F401  registers the job routes on the blueprint
 from .web import limits as ratelimit
+from .web import openapi as _openapi  # noqa: F401  registers <prefix>/openapi.json
 from .web import protection
 from .web.blueprint import blueprint
 from .web.views import routing_error_response  # the views register their routes
@@ -100,12 +101,12 @@ class AnimeGAN:
                                   "; remove it (the settings: docs/configuration.md)"))
         try:
             settings = Settings.from_config(app.config)
-            _check_csrf_secret(app, settings)
             catalog = known_styles(settings.extra_styles)
+            _check_csrf_secret(app, settings)
+            protection.install(app, settings)
             own = (None if ratelimit.host_limiter(app.extensions)
                    else ratelimit.own_limiter(app, settings))
             job_queue = open_queue(settings, partial(self._run_job, app))
-            protection.install(app, settings)
         except ValueError as exc:
             raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
 

@@ -53,7 +53,8 @@ JOB_API_ENDPOINTS = frozenset({"animegan.create_job", "animegan.job", "animegan.
                                "animegan.job_result", "animegan.job_preview"})
 #: Endpoints that answer JSON (errors included); the others render pages.
 API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz",
-                           "animegan.style_sample", "animegan.metrics"}) | JOB_API_ENDPOINTS
+                           "animegan.style_sample", "animegan.metrics",
+                           "animegan.openapi"}) | JOB_API_ENDPOINTS
 #: Endpoints that spend CPU on a conversion: the blueprint's POST routes, which share
 #: the rate limit (web/limits.py); a job adds its frames to it (web/jobs.py).
 LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert", "animegan.create_job"})

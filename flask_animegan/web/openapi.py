@@ -1,0 +1,271 @@
+"""The blueprint's OpenAPI 3.1 document, served at ``<prefix>/openapi.json``.
+
+Made from the app's URL map at each request: every route of the blueprint (its path,
+its methods) is looked up in :data:`OPERATIONS`, the one place that describes what each
+takes and answers. A route without a description is a ``KeyError`` here, and
+tests/test_openapi.py compares the document with the URL map, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from flask import Response, current_app, jsonify
+
+from ..config import OUTPUT_FORMATS
+from ..inputs.colors import COLOR_MODES
+from ..pipeline import PORTRAIT_MODES
+from ..service import get_service
+from .blueprint import blueprint
+
+_ERROR = {"$ref": "#/components/responses/Error"}
+_BUSY = {"$ref": "#/components/responses/Busy"}
+_LIMITED = {"$ref": "#/components/responses/RateLimited"}
+_HTML = {"description": "An HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
+_JPEG = {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}
+_IMAGES = {f"image/{fmt}": {"schema": {"type": "string", "format": "binary"}}
+           for fmt in OUTPUT_FORMATS}
+_ANIMATIONS = {mime: {"schema": {"type": "string", "format": "binary"}}
+               for mime in ("image/gif", "image/webp", "image/png", "image/apng", "video/mp4")}
+#: A page's 404: the page with the error, or (a path no route matches) the JSON error.
+_PAGE_404 = {"description": "Not found: the page, or the JSON error for an unknown path",
+             "content": {**_HTML["content"], "application/json": {
+                 "schema": {"$ref": "#/components/schemas/Error"}}}}
+_RATE_HEADERS = {name: {"$ref": f"#/components/headers/{name}"}
+                 for name in ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset")}
+_REFUSALS = {"400": _ERROR, "404": _ERROR, "413": _ERROR, "415": _ERROR, "429": _LIMITED,
+             "503": _BUSY}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}
+
+
+def _path(name: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True,
+            "schema": schema or {"type": "string"}}
+
+
+def _conversion_parameters() -> list[dict[str, Any]]:
+    service = get_service()
+    largest = int(getattr(service, "max_output_side", service.max_side))
+    installed = sorted(service.engine.styles)
+    return [
+        _query("style", {"type": "string", "enum": installed},
+               "An installed style (GET /styles); unset: the default style"),
+        _query("size", {"type": "integer", "minimum": 16, "maximum": largest},
+               f"Long side of the output in pixels; unset: {service.max_side}. Over "
+               f"{service.max_side}, it costs ceil((size / {service.max_side})^2) conversions "
+               "of the rate limit"),
+        _query("format", {"type": "string", "enum": ["jpeg", "jpg", *OUTPUT_FORMATS[1:]]},
+               "Output format; unset: ANIMEGAN_OUTPUT_FORMAT"),
+        _query("colors", {"type": "string", "enum": list(COLOR_MODES)},
+               "off: the style's colours; luma: the photo's brightness; keep: its colours"),
+        _query("portrait", {"type": "string", "enum": list(PORTRAIT_MODES)},
+               "Portrait mode: faces converted on their own (docs/portrait.md)"),
+    ]
+
+
+def _upload_body(form_fields: bool = True) -> dict[str, Any]:
+    multipart: dict[str, Any] = {"type": "object", "required": ["image"],
+                                 "properties": {"image": {"type": "string",
+                                                          "format": "binary"}}}
+    if form_fields:
+        for name in ("style", "size", "format", "colors", "portrait"):
+            multipart["properties"][name] = {"type": "string"}
+    return {"required": True, "content": {
+        "multipart/form-data": {"schema": multipart},
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
+        "image/png": {"schema": {"type": "string", "format": "binary"}},
+    }}
+
+
+def _job(description: str, status: str = "200", **extra: Any) -> dict[str, Any]:
+    return {status: {"description": description, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/Job"}}}, **extra}}
+
+
+def _operations() -> dict[tuple[str, str], dict[str, Any]]:
+    """What each (endpoint, method) of the blueprint takes and answers."""
+    conversion = _conversion_parameters()
+    token = _path("token")
+    job_id = _path("job_id")
+    download = _query("download", {"type": "string", "enum": ["1", "0", "true", "false",
+                                                              "yes", "no", "on", "off"]},
+                      "1: as an attachment (Content-Disposition)")
+    return {
+        ("animegan.index", "get"): {
+            "summary": "The upload page", "tags": ["pages"],
+            "responses": {"200": _HTML}},
+        ("animegan.upload", "post"): {
+            "summary": "The page's form: converts the photo, 303 to its result page",
+            "tags": ["pages"], "requestBody": _upload_body(),
+            "responses": {"303": {"description": "To the result page (or a job's page)"},
+                          "200": _HTML, **{code: {"description": "The form with the error",
+                                                  "content": _HTML["content"]}
+                                           for code in ("400", "404", "413", "415")},
+                          "429": {"description": "Too many conversions", "headers": {
+                              "Retry-After": {"$ref": "#/components/headers/Retry-After"}},
+                              "content": _HTML["content"]},
+                          "503": {"description": "Busy", "headers": {
+                              "Retry-After": {"$ref": "#/components/headers/Retry-After"}},
+                              "content": _HTML["content"]}}},
+        ("animegan.result", "get"): {
+            "summary": "A result page", "tags": ["pages"], "parameters": [token],
+            "responses": {"200": _HTML, "404": _PAGE_404}},
+        ("animegan.result_image", "get"): {
+            "summary": "A result page's picture: the photo as sent, or the anime one",
+            "tags": ["pages"],
+            "parameters": [token, _path("kind", {"type": "string",
+                                                 "enum": ["original", "anime"]}), download],
+            "responses": {"200": {"description": "The picture", "content": _IMAGES},
+                          "400": {"description": "The upload page with the error",
+                                  "content": _HTML["content"]}, "404": _PAGE_404}},
+        ("animegan.convert", "post"): {
+            "summary": "Convert a photo; answers the picture", "tags": ["api"],
+            "description": "The photo as multipart/form-data (field `image`, parameters in "
+                           "the form or the query) or as the raw body (parameters in the "
+                           "query). An animation or a video is a 415 with `jobs_url`.",
+            "parameters": conversion, "requestBody": _upload_body(form_fields=False),
+            "responses": {"200": {"description": "The converted picture",
+                                  "headers": {**_RATE_HEADERS,
+                                              "X-Cache": {"schema": {"type": "string",
+                                                                     "enum": ["HIT", "MISS"]}},
+                                              "X-AnimeGAN-Style": {"schema": {"type": "string"}}},
+                                  "content": _IMAGES},
+                          **_REFUSALS}},
+        ("animegan.styles", "get"): {
+            "summary": "The styles: installed and pullable", "tags": ["api"],
+            "responses": {"200": {"description": "The styles", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/Styles"}}}}}},
+        ("animegan.style_sample", "get"): {
+            "summary": "A style's sample picture", "tags": ["api"],
+            "parameters": [_path("name", {"type": "string",
+                                          "enum": sorted(get_service().engine.styles)})],
+            "responses": {"200": {"description": "A JPEG", "content": _JPEG},
+                          "404": _ERROR, "503": _BUSY}},
+        ("animegan.metrics", "get"): {
+            "summary": "Prometheus metrics (ANIMEGAN_METRICS)", "tags": ["operations"],
+            "responses": {"200": {"description": "Prometheus text format", "content": {
+                "text/plain": {"schema": {"type": "string"}}}}, "404": _ERROR}},
+        ("animegan.healthz", "get"): {
+            "summary": "Health for load balancers", "tags": ["operations"],
+            "responses": {code: {"description": text, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/Health"}}},
+                **({"headers": {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}}
+                   if code == "503" else {})}
+                for code, text in (("200", "Serving"), ("503", "Warming up, or no style"))}},
+        ("animegan.openapi", "get"): {
+            "summary": "This document", "tags": ["operations"],
+            "responses": {"200": {"description": "OpenAPI 3.1", "content": {
+                "application/json": {"schema": {"type": "object"}}}}}},
+        ("animegan.create_job", "post"): {
+            "summary": "Convert an animation or a video as a background job", "tags": ["jobs"],
+            "parameters": [p for p in conversion if p["name"] != "portrait"],
+            "requestBody": _upload_body(form_fields=False),
+            "responses": {**_job("Queued", "202", headers={
+                "Location": {"schema": {"type": "string"}}}), **_REFUSALS}},
+        ("animegan.job", "get"): {
+            "summary": "A job's state and progress", "tags": ["jobs"], "parameters": [job_id],
+            "responses": {**_job("The job"), "404": _ERROR}},
+        ("animegan.cancel_job", "delete"): {
+            "summary": "Cancel a job", "tags": ["jobs"], "parameters": [job_id],
+            "responses": {**_job("Cancelled"), **_job("Stopping", "202"), "404": _ERROR,
+                          "409": _ERROR}},
+        ("animegan.job_result", "get"): {
+            "summary": "A finished job's result", "tags": ["jobs"],
+            "parameters": [job_id, download],
+            "responses": {"200": {"description": "The result", "content": _ANIMATIONS},
+                          "400": _ERROR, "404": _ERROR, "409": _ERROR}},
+        ("animegan.job_preview", "get"): {
+            "summary": "A finished job's preview (its first frame)", "tags": ["jobs"],
+            "parameters": [job_id],
+            "responses": {"200": {"description": "A JPEG", "content": _JPEG},
+                          "404": _ERROR, "409": _ERROR}},
+        ("animegan.job_page", "get"): {
+            "summary": "A job's page, refreshing itself until the result shows",
+            "tags": ["pages"], "parameters": [job_id],
+            "responses": {"200": _HTML, "404": _PAGE_404}},
+    }
+
+
+_COMPONENTS: dict[str, Any] = {
+    "schemas": {
+        "Error": {"type": "object", "required": ["error", "status"], "properties": {
+            "error": {"type": "string", "description": "What went wrong and what to do"},
+            "status": {"type": "integer"},
+            "jobs_url": {"type": "string", "description": "Send an animation here instead"},
+            "convert_url": {"type": "string", "description": "Send a still photo here"},
+            "login_url": {"type": "string", "description": "The site's login page (401)"}}},
+        "Styles": {"type": "object", "required": ["default", "styles"], "properties": {
+            "default": {"type": ["string", "null"]},
+            "styles": {"type": "array", "items": {"type": "object", "required": [
+                "name", "installed"], "properties": {
+                    "name": {"type": "string"}, "installed": {"type": "boolean"}}}}}},
+        "Health": {"type": "object", "required": ["status"], "properties": {
+            "status": {"type": "string"}}},
+        "Job": {"type": "object", "required": ["id", "state", "url"], "properties": {
+            "id": {"type": "string"},
+            "state": {"type": "string",
+                      "enum": ["queued", "running", "done", "failed", "cancelled"]},
+            "progress": {"type": "number"}, "url": {"type": "string"},
+            "result_url": {"type": ["string", "null"]}}},
+    },
+    "headers": {
+        "Retry-After": {"description": "Seconds to wait before trying again",
+                        "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+        "X-RateLimit-Limit": {"schema": {"type": "string"}},
+        "X-RateLimit-Remaining": {"schema": {"type": "string"},
+                                  "description": "Conversions left in the window"},
+        "X-RateLimit-Reset": {"schema": {"type": "string"}},
+    },
+    "responses": {
+        "Error": {"description": "Refused: the JSON error", "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+        "Busy": {"description": "Busy (the queue is full) or warming up",
+                 "headers": {"Retry-After": {"$ref": "#/components/headers/Retry-After"}},
+                 "content": {"application/json": {"schema": {
+                     "$ref": "#/components/schemas/Error"}}}},
+        "RateLimited": {"description": "Too many conversions from this client",
+                        "headers": {"Retry-After": {"$ref": "#/components/headers/Retry-After"},
+                                    **_RATE_HEADERS},
+                        "content": {"application/json": {"schema": {
+                            "$ref": "#/components/schemas/Error"}}}},
+    },
+}
+_CONVERTER = re.compile(r"<(?:[a-z]+(?:\([^)]*\))?:)?(\w+)>")
+
+
+def openapi_path(rule: str) -> str:
+    """A Werkzeug rule as an OpenAPI path: ``/result/<token>/<any(a, b):kind>`` ->
+    ``/result/{token}/{kind}``."""
+    return _CONVERTER.sub(r"{\1}", rule)
+
+
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the blueprint's routes in the current app."""
+    operations = _operations()
+    paths: dict[str, dict[str, Any]] = {}
+    for rule in current_app.url_map.iter_rules():
+        if not rule.endpoint.startswith(f"{blueprint.name}.") or rule.endpoint.endswith(
+                ".static"):
+            continue
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            operation = operations[(rule.endpoint, method.lower())]
+            paths.setdefault(openapi_path(rule.rule), {})[method.lower()] = {
+                "operationId": f"{rule.endpoint.split('.', 1)[1]}_{method.lower()}",
+                **operation}
+    return {"openapi": "3.1.0",
+            "info": {"title": "flask-animegan", "version": "1",
+                     "description": "Photos to anime pictures (docs/http-api.md)"},
+            "paths": dict(sorted(paths.items())), "components": _COMPONENTS}
+
+
+@blueprint.get("/openapi.json")
+def openapi() -> Response:
+    response = jsonify(document())
+    response.headers["Cache-Control"] = "no-cache"
+    return response
