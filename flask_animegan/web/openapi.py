@@ -22,7 +22,7 @@ from .blueprint import blueprint
 _ERROR = {"$ref": "#/components/responses/Error"}
 _BUSY = {"$ref": "#/components/responses/Busy"}
 _LIMITED = {"$ref": "#/components/responses/RateLimited"}
-_HTML = {"description": "An HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
+_HTML: dict[str, Any] = {"description": "An HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
 _JPEG = {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}
 _IMAGES = {f"image/{fmt}": {"schema": {"type": "string", "format": "binary"}}
            for fmt in OUTPUT_FORMATS}

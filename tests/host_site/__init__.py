@@ -133,7 +133,13 @@ USERS = {"ann": False, "admin": True}
 def add_login(app: Flask) -> None:
     """Flask-Login as the tutorial site has it: a login page (``login_view``), users loaded
     from the session; POST /login?user=ann logs in (a test site: no password)."""
-    from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
+    from flask_login import (
+        LoginManager,
+        UserMixin,
+        current_user,
+        login_user,
+        logout_user,
+    )
 
     class User(UserMixin):
         def __init__(self, user_id: str) -> None:
