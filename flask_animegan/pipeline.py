@@ -98,12 +98,15 @@ class Pipeline:
 
     def __init__(self, decoder: Decoder, engine: InferenceEngine, *, quality: int,
                  cache: NearDuplicateCache | None = None,
-                 portrait: PortraitSettings | None = None) -> None:
+                 portrait: PortraitSettings | None = None,
+                 tile_above: int | None = None) -> None:
         self.decoder = decoder
         self.engine = engine
         self.quality = quality
         self.cache = cache if cache is not None and cache.enabled else None
         self.portrait = portrait or PortraitSettings()
+        #: pictures with a longer side run in tiles (ANIMEGAN_MAX_SIDE; None: never)
+        self.tile_above = tile_above
 
     def convert(self, data: bytes, style: StyleInfo, size: int, fmt: str,
                 scope: str | None = None, options: Options = Options()) -> Conversion:
@@ -152,8 +155,10 @@ class Pipeline:
                           timings=lap.timings, faces=faces, colors=options.colors)
 
     def _run(self, picture: Image.Image, style: str, colors: str) -> Image.Image:
-        """The network on ``picture``, its colours kept as ``colors`` asks."""
-        return keep_colors(self.engine.run(picture, style), picture, colors)
+        """The network on ``picture`` (in tiles if larger than ``tile_above``), its colours
+        kept as ``colors`` asks."""
+        tiled = self.tile_above is not None and max(picture.size) > self.tile_above
+        return keep_colors(self.engine.run(picture, style, tiled=tiled), picture, colors)
 
     def _portrait(self, picture: Image.Image, style: StyleInfo, mode: str, colors: str,
                   lap: _Laps) -> tuple[Image.Image, int]:

@@ -65,6 +65,7 @@ class AnimeGANService:
         #: None for a service made without them
         self.jobs = jobs
         self.pipeline = Pipeline(decoder, engine, quality=settings.jpeg_quality, cache=cache,
+                                 tile_above=settings.max_side,
                                  portrait=PortraitSettings(settings.portrait_scene_style,
                                                            settings.portrait_min_face,
                                                            settings.portrait_max_faces))
@@ -85,6 +86,12 @@ class AnimeGANService:
     @property
     def max_side(self) -> int:
         return self.settings.max_side
+
+    @property
+    def max_output_side(self) -> int:
+        """The largest size a photo may ask for (ANIMEGAN_MAX_OUTPUT_SIDE, unset: MAX_SIDE);
+        sizes above ANIMEGAN_MAX_SIDE run in tiles."""
+        return self.settings.max_output_side or self.settings.max_side
 
     @property
     def max_upload_bytes(self) -> int:
@@ -150,16 +157,19 @@ class AnimeGANService:
             self.warmed_up = True
 
     # -- parameters ----------------------------------------------------------------
-    def parse_size(self, raw: Any) -> int:
-        """A requested output size (long side), defaulting to ANIMEGAN_MAX_SIDE."""
+    def parse_size(self, raw: Any, largest: int | None = None) -> int:
+        """A requested output size (long side), defaulting to ANIMEGAN_MAX_SIDE, at most
+        ``largest`` (None: ANIMEGAN_MAX_SIDE, as for animations and videos; photos pass
+        :attr:`max_output_side`)."""
         if raw is None or raw == "":
             return self.max_side
+        largest = largest or self.max_side
         text = str(raw).strip()
         # ASCII digits only: int() also reads "٦٤", "６４" and "1_6"
         size = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else -1
-        if not MIN_SIDE <= size <= self.max_side:
+        if not MIN_SIDE <= size <= largest:
             raise BadParameter(f"size must be a whole number of pixels from {MIN_SIDE} to "
-                               f"{self.max_side}, got {str(raw)[:20]!r}")
+                               f"{largest}, got {str(raw)[:20]!r}")
         return size
 
     def parse_format(self, raw: Any) -> str:
@@ -187,7 +197,8 @@ class AnimeGANService:
         chosen = self.engine.style(style)
         options = self.parse_options(colors, portrait)
         self._ready()
-        return self.pipeline.convert_image(image, chosen, self.parse_size(size), options)
+        return self.pipeline.convert_image(image, chosen,
+                                           self.parse_size(size, self.max_output_side), options)
 
     def convert_upload(self, data: bytes, style: str | None = None, size: Any = None,
                        fmt: Any = None, client: str | None = None, colors: Any = None,
@@ -198,7 +209,7 @@ class AnimeGANService:
         ANIMEGAN_CACHE_SCOPE = "client" results are shared only within it.
         """
         chosen = self.engine.style(style)
-        size = self.parse_size(size)
+        size = self.parse_size(size, self.max_output_side)
         fmt = self.parse_format(fmt)
         options = self.parse_options(colors, portrait)
         self._ready()

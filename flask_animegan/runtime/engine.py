@@ -36,9 +36,11 @@ from .backends.fidelity import MIN_PSNR_DB, fidelity_db
 from .backends.torch import TorchRunner
 from .catalog import StyleInfo
 from .gate import InferenceGate
+from .generator import Generator
 from .models import LoadedStyle, ModelPool
 from .precision import DTYPES, fastest
 from .styles import SHIPPED_STYLES_DIR, StyleRegistry
+from .tiles import run_tiled
 from .weights import load_generator
 
 if TYPE_CHECKING:  # importing it imports openvino, an optional extra
@@ -315,18 +317,25 @@ class InferenceEngine:
                       if name.startswith("torch ")}
         return torch_only if len(torch_only) > 1 else {}
 
-    def run(self, image: Image.Image, style: str | None = None) -> Image.Image:
-        """Convert an RGB image with ``style``; waits in the queue for the model."""
+    def run(self, image: Image.Image, style: str | None = None, *,
+            tiled: bool = False) -> Image.Image:
+        """Convert an RGB image with ``style``; waits in the queue for the model.
+
+        ``tiled``: run the style's torch network in overlapping tiles (``tiles.py``), in
+        memory bounded whatever the picture's size, instead of its runner on the whole.
+        """
         chosen = self.style(style)
         pixels = np.array(image.convert("RGB") if image.mode != "RGB" else image, np.uint8)
         with self.gate.slot():
             # loading (and checking) a style runs inferences too: one at a time
             loaded = self.pool.get(chosen)
             started = time.perf_counter()
-            out = self.forward(loaded.runner, pixels)
+            if tiled:
+                result = run_tiled(cast(Generator, loaded.network), pixels)
+            else:
+                result = to_pixels(self.forward(loaded.runner, pixels))
             self.gate.record(time.perf_counter() - started, image.width * image.height)
         self._release_when_idle(loaded.runner)
-        result = to_pixels(out)
         if result is None:
             # never return (or cache) what broken weights make of a photo
             raise StyleUnavailable(self.pool.mark_broken(

@@ -1,0 +1,228 @@
+"""Large pictures in bounded memory: the generator run in overlapping tiles.
+
+Run whole, the generator's activations grow with the picture (a 4096-px picture needs
+about 20 GiB in fp32). Run on tiles, three things would change the picture:
+
+- **GroupNorm** (one group) normalises each layer over the whole feature map, so a tile
+  normalised over itself comes out in another tone. Each tile is normalised with the
+  statistics of the *whole* picture instead: a first pass at a smaller scale measures
+  them (:func:`measure_norms`), a second, tiled, pass at full size accumulates the
+  exact full-size statistics layer by layer from the tiles' cores, and the final pass
+  uses those (docs/large-photos.md has the measurements behind this choice).
+- **The two bilinear upsamplings** (``align_corners=True``) map coordinates by the
+  ratio of the whole picture's sizes; each tile samples at the whole picture's
+  coordinates (:func:`_upsample`).
+- **Padding and borders**: each tile reaches ``margin`` pixels past its core on every
+  side (more than the network's receptive field) and only the core is kept; tiles start
+  on multiples of 4 pixels, so the two stride-2 convolutions see the same pixel grid.
+
+With the whole picture's statistics, a tile's core equals the untiled output up to
+float rounding; the statistics are the only approximation (measured in
+``bench/tiles.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+import torch
+from torch import nn
+
+from .backends.base import to_pixels
+from .generator import Generator, InvertedResBlock
+
+#: Core side of a tile in output pixels (a multiple of 4), and the context each tile
+#: reads past its core on every side (a multiple of 4, past the receptive field).
+TILE = 512
+MARGIN = 48
+#: Long side of the first pass that measures the statistics the first tiled pass uses.
+STATS_SIDE = 512
+
+
+@dataclass
+class Norms:
+    """Per GroupNorm layer of one picture: the mean and variance over (C, H, W)."""
+
+    mean: dict[nn.GroupNorm, float]
+    var: dict[nn.GroupNorm, float]
+
+
+@dataclass(frozen=True)
+class _Tile:
+    """One tile: the rows and columns it reads ([top, bottom), [left, right)) and the core
+    it keeps, in whole-picture input pixels."""
+
+    top: int
+    bottom: int
+    left: int
+    right: int
+    core: tuple[int, int, int, int]  # top, bottom, left, right
+
+
+def _spans(length: int, tile: int, margin: int) -> Iterator[tuple[int, int, int, int]]:
+    """(read_start, read_end, core_start, core_end) along one axis."""
+    for start in range(0, length, tile):
+        end = min(length, start + tile)
+        yield max(0, start - margin), min(length, end + margin), start, end
+
+
+def tiles(height: int, width: int, tile: int = TILE, margin: int = MARGIN) -> list[_Tile]:
+    """The tiles covering a ``height`` x ``width`` picture, row by row."""
+    if tile % 4 or margin % 4:
+        raise ValueError("tile and margin must be multiples of 4 pixels")
+    return [_Tile(top, bottom, left, right, (c_top, c_bottom, c_left, c_right))
+            for top, bottom, c_top, c_bottom in _spans(height, tile, margin)
+            for left, right, c_left, c_right in _spans(width, tile, margin)]
+
+
+def _half(side: int) -> int:
+    """A side after the generator's stride-2 convolutions (pad 0 before, 1 after, k=3)."""
+    return (side - 2) // 2 + 1
+
+
+def _upsample(x: torch.Tensor, whole_from: tuple[int, int], whole_to: tuple[int, int],
+              offset_from: tuple[int, int], offset_to: tuple[int, int],
+              size_to: tuple[int, int]) -> torch.Tensor:
+    """Bilinear ``align_corners=True`` upsampling of a tile ``x`` of a picture whose whole
+    feature map goes from ``whole_from`` to ``whole_to`` (H, W): the tile's output rows and
+    columns (``size_to``, starting at ``offset_to`` in the whole output) sample ``x`` (which
+    starts at ``offset_from``) where the whole picture's upsampling would."""
+    for axis in (2, 3):
+        dim = axis - 2
+        n_from, n_to = whole_from[dim], whole_to[dim]
+        scale = (n_from - 1) / (n_to - 1) if n_to > 1 else 0.0
+        positions = (torch.arange(size_to[dim], dtype=torch.float64) + offset_to[dim]) * scale
+        positions = (positions - offset_from[dim]).clamp(0, x.shape[axis] - 1)
+        low = positions.floor().long().clamp(max=x.shape[axis] - 1)
+        high = (low + 1).clamp(max=x.shape[axis] - 1)
+        shape = [1, 1, 1, 1]
+        shape[axis] = -1
+        weight = (positions - low).to(x.dtype).reshape(shape)
+        x = torch.lerp(x.index_select(axis, low), x.index_select(axis, high), weight)
+    return x
+
+
+class _Run:
+    """Runs the generator's layers on one tile, normalising with fixed statistics."""
+
+    def __init__(self, norms: Norms) -> None:
+        self.norms = norms
+
+    def layers(self, module: nn.Module, x: torch.Tensor,
+               factor: int) -> tuple[torch.Tensor, int]:
+        """``module`` on ``x`` (at 1/``factor`` of the input's resolution); returns the
+        output and its factor."""
+        if isinstance(module, nn.GroupNorm):
+            return self.norm(module, x, factor), factor
+        if isinstance(module, InvertedResBlock):
+            inner, _ = self.layers(module.layers, x, factor)
+            return (x + inner if module.use_res_connect else inner), factor
+        if isinstance(module, nn.Sequential):
+            for child in module:
+                x, factor = self.layers(child, x, factor)
+            return x, factor
+        out: torch.Tensor = module(x)
+        if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
+            factor *= 2
+        return out, factor
+
+    def norm(self, module: nn.GroupNorm, x: torch.Tensor, factor: int) -> torch.Tensor:
+        mean, var = self.norms.mean[module], self.norms.var[module]
+        scale = module.weight / (var + module.eps) ** 0.5
+        shift = module.bias - mean * scale
+        normed: torch.Tensor = x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
+        return normed
+
+
+def measure_norms(network: Generator, batch: torch.Tensor) -> Norms:
+    """Each GroupNorm layer's input mean and variance, running ``network`` on ``batch``."""
+    mean: dict[nn.GroupNorm, float] = {}
+    var: dict[nn.GroupNorm, float] = {}
+
+    def record(module: nn.Module, inputs: tuple[torch.Tensor, ...], _out: object) -> None:
+        values = inputs[0].double()
+        mean[module] = float(values.mean())  # type: ignore[index]
+        var[module] = float(values.var(unbiased=False))  # type: ignore[index]
+
+    hooks = [m.register_forward_hook(record) for m in network.modules()
+             if isinstance(m, nn.GroupNorm)]
+    try:
+        with torch.inference_mode():
+            network(batch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return Norms(mean, var)
+
+
+def _to_batch(pixels: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 (H, W, 3) -> (1, 3, H, W) in [-1, 1], as the runners feed the network."""
+    # a copy of the tile's pixels (a view of a read-only array is no tensor's to share)
+    batch = torch.from_numpy(np.array(pixels, np.uint8)).permute(2, 0, 1).unsqueeze(0)
+    return batch.to(torch.float32).div_(127.5).sub_(1.0).to(dtype)
+
+
+def _tile_forward(network: Generator, batch: torch.Tensor, whole: tuple[int, int],
+                  tile: _Tile, norms: Norms) -> torch.Tensor:
+    """The generator on one tile (``batch``: the tile's input), at the whole picture's
+    geometry; returns the tile's core."""
+    height, width = whole
+    half = (_half(height), _half(width))
+    quarter = (_half(half[0]), _half(half[1]))
+    run = _Run(norms)
+    out, _ = run.layers(network.block_a, batch, 1)
+    half_size = (out.shape[2], out.shape[3])
+    out, _ = run.layers(network.block_b, out, 2)
+    out, _ = run.layers(network.block_c, out, 4)
+    out = _upsample(out, quarter, half, (tile.top // 4, tile.left // 4),
+                    (tile.top // 2, tile.left // 2), half_size)
+    out, _ = run.layers(network.block_d, out, 2)
+    out = _upsample(out, half, whole, (tile.top // 2, tile.left // 2), (tile.top, tile.left),
+                    (batch.shape[2], batch.shape[3]))
+    out, _ = run.layers(network.block_e, out, 1)
+    out = cast(torch.Tensor, network.out_layer(out))
+    top, bottom, left, right = tile.core
+    return out[:, :, top - tile.top:bottom - tile.top, left - tile.left:right - tile.left]
+
+
+def run_tiled(network: Generator, pixels: np.ndarray, *, tile: int | None = None,
+              margin: int | None = None,
+              stats_side: int | None = None) -> np.ndarray | None:
+    """The generator on uint8 (H, W, 3) ``pixels``, tile by tile: uint8 (H, W, 3), or None
+    when the network's output is not finite (as :func:`backends.to_pixels`).
+
+    Memory: one tile's activations and the uint8 output, whatever the picture's size.
+    The statistics are those of the picture at ``stats_side``.
+    """
+    height, width = pixels.shape[:2]
+    dtype = next(network.parameters()).dtype  # fp32, or bf16 for a torch bf16 runner
+    with torch.inference_mode():
+        small = _shrink(pixels, stats_side or STATS_SIDE)
+        norms = measure_norms(network, _to_batch(small, dtype))
+        layout = tiles(height, width, tile or TILE, margin or MARGIN)
+        result = np.empty((height, width, 3), np.uint8)
+        for part in layout:
+            out = _tile_forward(network, _to_batch(pixels[part.top:part.bottom,
+                                                         part.left:part.right], dtype),
+                                (height, width), part, norms)
+            core = to_pixels(out[0].permute(1, 2, 0).to(torch.float32).numpy())
+            if core is None:
+                return None
+            top, bottom, left, right = part.core
+            result[top:bottom, left:right] = core
+    return result
+
+
+def _shrink(pixels: np.ndarray, side: int) -> np.ndarray:
+    """``pixels`` with the long side at most ``side`` (Lanczos, as inputs are fitted)."""
+    height, width = pixels.shape[:2]
+    if max(height, width) <= side:
+        return pixels
+    from PIL import Image
+
+    scale = side / max(height, width)
+    size = (max(16, round(width * scale)), max(16, round(height * scale)))
+    return np.asarray(Image.fromarray(pixels).resize(size, Image.Resampling.LANCZOS))
