@@ -155,3 +155,20 @@ def test_the_service_converts_large_sizes_in_tiles(make_app, monkeypatch):
         out = service.convert(photo("coffee"), size=160, colors="keep")
     assert out.size == (160, 107)
     assert np.isfinite(np.asarray(out, np.float64)).all()
+
+
+def test_the_cli_converts_photos_up_to_max_output_side(make_app, monkeypatch, tmp_path):
+    monkeypatch.setattr(tiles, "TILE", 64)
+    app = make_app(ANIMEGAN_MAX_SIDE=64, ANIMEGAN_MAX_OUTPUT_SIDE=128)
+    source = tmp_path / "cat.png"
+    photo().resize((300, 200)).save(source)
+    out = tmp_path / "out"
+    runner = app.test_cli_runner()
+    result = runner.invoke(args=["animegan", "convert", str(source), "-o", str(out),
+                                 "--size", "128"])
+    assert result.exit_code == 0, result.output
+    (written,) = out.iterdir()
+    assert open_image(written.read_bytes()).size == (128, 85)
+    result = runner.invoke(args=["animegan", "convert", str(source), "-o", str(out),
+                                 "--size", "129"])
+    assert result.exit_code != 0 and "from 16 to 128" in result.output

@@ -143,7 +143,8 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
 @click.option("-o", "--out", "out_dir", required=True,
               type=click.Path(file_okay=False, path_type=Path), help="Output folder.")
 @click.option("--style", help="Style name (default: the app's default style).")
-@click.option("--size", type=int, help="Long side of the output in pixels (default: MAX_SIDE).")
+@click.option("--size", type=int, help="Long side of the output in pixels (default: MAX_SIDE; "
+              "photos up to MAX_OUTPUT_SIDE, animations and videos up to MAX_SIDE).")
 @click.option("--format", "fmt", type=click.Choice(["jpeg", "png", "webp"]),
               help="Output format (default: ANIMEGAN_OUTPUT_FORMAT).")
 @click.option("--colors", type=click.Choice(["off", "luma", "keep"]), default="off",
@@ -180,7 +181,7 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
     try:
         chosen = service.engine.style(style).name
         fmt = service.parse_format(fmt)
-        service.parse_size(size)
+        service.parse_size(size, service.max_output_side)  # animations: MAX_SIDE, per file
     except ConversionError as exc:
         raise click.ClickException(str(exc)) from None
     entries, unlisted = collect(inputs)
