@@ -223,12 +223,14 @@ def test_the_python_api_and_the_cli_are_not_admitted(make_app, tmp_path):
 ])
 def test_gunicorn_conf_derives_its_threads_from_the_queue(environ, threads):
     """gunicorn.conf.py, loaded as gunicorn loads it, derives its thread count from the
-    settings without importing flask_animegan (torch would come with it)."""
+    settings; it imports the package's settings module (flask_animegan.gunicorn_conf) and
+    nothing else of the package (torch would come with it)."""
     env = {key: value for key, value in os.environ.items()
            if key not in ("ANIMEGAN_MAX_QUEUE", "ANIMEGAN_THREADS")}
     code = ("import json, runpy, sys; conf = runpy.run_path('gunicorn.conf.py'); "
             "print(json.dumps([conf['threads'], sorted(m for m in sys.modules "
-            "if m.split('.')[0] in ('torch', 'flask_animegan'))]))")
+            "if m.split('.')[0] in ('torch', 'flask', 'flask_animegan') "
+            "and m not in ('flask_animegan', 'flask_animegan.gunicorn_conf'))]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, **environ},
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.splitlines()[-1]) == [threads, []]

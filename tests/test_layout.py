@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "flask_animegan"
 
 #: The rooms, highest first; a module may import its own room and any room below it.
 LAYERS = {
-    "extension": 6,
+    "extension": 6, "gunicorn_conf": 6,
     "web": 5,
     "service": 4,
     "pipeline": 3, "jobs": 3,

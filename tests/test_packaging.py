@@ -11,12 +11,12 @@ from __future__ import annotations
 import configparser
 import email
 import glob
+import io
 import json
 import os
 import re
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import zipfile
 from collections.abc import Iterator
@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import requests
 from conftest import REPO, need
+from venvs import borrowing_venv, clean_env, gunicorn, pip_install, run
 
 from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
 
@@ -33,21 +35,6 @@ pytestmark = pytest.mark.packaging
 
 SHIPPED_FILES = ("toon_demo.pt", "toon_demo.json", "LICENSE", "README.md",
                  "toon_demo_samples.jpg")
-
-
-def run(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None,
-        timeout: float = 300) -> str:
-    result = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, f"{args}\n{result.stdout}\n{result.stderr}"
-    return result.stdout
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without settings for Flask or the extension."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("ANIMEGAN_", "FLASK_", "PYTHONPATH", "VIRTUAL_ENV"))}
-    return {**env, **extra}
 
 
 @dataclass(frozen=True)
@@ -142,17 +129,9 @@ def test_the_installed_wheel_converts_a_photo_in_an_app_made_elsewhere(dists: Di
                                                                        tmp_path: Path) -> None:
     """pip-installed, with no settings and no models folder: the shipped style converts."""
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", "--without-pip", venv)
-    python = venv / "bin" / "python"
-    # torch, Flask and the rest come from this test venv (a .pth file adds its
-    # site-packages after the new venv's own, so the wheel's package comes first; .pth
-    # files in the added folder, like the editable install's, are not read)
-    purelib = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))")
-                   .strip())
-    ours = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
-    (purelib / "test-venv.pth").write_text("".join(f"{path}\n" for path in sorted(ours)))
-    run(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps",
-        "--no-index", dists.wheel)
+    # torch, Flask and the rest come from this test venv (tests/venvs.py)
+    python = borrowing_venv(venv)
+    pip_install(python, "--no-deps", "--no-index", dists.wheel)
 
     site = tmp_path / "site"  # the host app's folder
     site.mkdir()
@@ -171,6 +150,56 @@ def test_the_installed_wheel_converts_a_photo_in_an_app_made_elsewhere(dists: Di
     styles = run(python, "-m", "flask", "--app", "host", "animegan", "styles", cwd=site,
                  env=clean_env())
     assert re.search(r"^toon_demo +installed, default$", styles, re.MULTILINE), styles
+
+
+SERVED_APP = """\
+import flask_animegan
+from flask import Flask
+
+from flask_animegan import AnimeGAN
+
+app = Flask(__name__)
+app.config["SECRET_KEY"] = "a packaging test"
+
+
+@app.get("/where")
+def where():
+    return {"package": flask_animegan.__file__}
+
+
+AnimeGAN(app)
+"""
+
+
+def test_the_installed_wheel_serves_with_its_own_gunicorn_settings(dists: Dists,
+                                                                   tmp_path: Path) -> None:
+    """README's step 2 from a pip install: ``gunicorn -c python:flask_animegan.gunicorn_conf
+    app:app`` in a folder of the site's own (no gunicorn.conf.py there), and a conversion."""
+    from PIL import Image
+    from skimage import data
+
+    venv = tmp_path / "venv"
+    python = borrowing_venv(venv)
+    pip_install(python, "--no-deps", "--no-index", dists.wheel)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "app.py").write_text(SERVED_APP)
+    photo = io.BytesIO()
+    Image.fromarray(data.astronaut()).save(photo, "JPEG")
+    with gunicorn(python, ["-c", "python:flask_animegan.gunicorn_conf", "app:app"], site,
+                  tmp_path / "gunicorn.log", env={"ANIMEGAN_ACCESS_LOG": ""}) as url:
+        package = requests.get(f"{url}/where", timeout=10).json()["package"]
+        assert Path(package).is_relative_to(venv), package
+        response = requests.post(f"{url}/animegan/convert?size=128", timeout=120,
+                                 files={"image": ("me.jpg", photo.getvalue())})
+        assert response.status_code == 200, response.text
+        assert response.headers["Content-Type"] == "image/jpeg"
+        assert response.headers["X-AnimeGAN-Style"] == "toon_demo"
+        assert Image.open(io.BytesIO(response.content)).size == (128, 128)
+    log = (tmp_path / "gunicorn.log").read_text()
+    # the package's settings were used: its gthread worker and its one-line startup log
+    assert "Using worker: gthread" in log, log[-2000:]
+    assert "/result/" not in log
 
 
 # -- every Python version on this machine ----------------------------------------------------
@@ -219,7 +248,8 @@ def pythons_by_version() -> dict[tuple[int, int], list[Path]]:
     for path in interpreters():
         try:
             out = subprocess.run([path, "-c", "import sys; print(*sys.version_info[:2])"],
-                                 capture_output=True, text=True, timeout=10).stdout.split()
+                                 capture_output=True, text=True, timeout=10,
+                                 check=False).stdout.split()
         except (OSError, subprocess.TimeoutExpired):
             continue
         if len(out) == 2:
@@ -243,7 +273,7 @@ def prepare_venv(version: tuple[int, int], venv: Path, wheel: Path) -> Path | st
         return f"skip: {name} is not on this machine"
     for candidate in candidates:  # a Debian python without python3-venv cannot make one
         if subprocess.run([candidate, "-m", "venv", "--without-pip", venv],
-                          capture_output=True, timeout=60).returncode == 0:
+                          capture_output=True, timeout=60, check=False).returncode == 0:
             break
     else:
         return f"skip: no {name} here can create a venv: {candidates}"
@@ -252,8 +282,7 @@ def prepare_venv(version: tuple[int, int], venv: Path, wheel: Path) -> Path | st
     pip = [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check",
            "--quiet", "install"]
     deps = subprocess.run([*pip, "--only-binary=:all:", "numpy", "pillow>=10.1", "limits"],
-                          capture_output=True, text=True,
-                          timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
     if deps.returncode:
         return (f"need: pip could not install numpy, Pillow and limits for {name}: "
                 f"{deps.stderr[-500:]}")

@@ -43,7 +43,8 @@ def test_config_table_matches_generator() -> None:
 
 
 def test_every_setting_name_in_readme_exists(make_app: Callable[..., Flask]) -> None:
-    gunicorn_names = set(NAME.findall((REPO / "gunicorn.conf.py").read_text(encoding="utf-8")))
+    gunicorn_names = set(NAME.findall(
+        (REPO / "flask_animegan" / "gunicorn_conf.py").read_text(encoding="utf-8")))
     # app.config holds the settings and nothing else of ours (no runtime state)
     app_names = {key for key in make_app().config if key.startswith("ANIMEGAN_")}
     known = {s.name for s in SETTINGS} | gunicorn_names | app_names
