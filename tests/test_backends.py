@@ -22,7 +22,7 @@ from PIL import Image
 
 from flask_animegan.config import Settings
 from flask_animegan.inputs import decoding
-from flask_animegan.runtime.backends.fidelity import psnr
+from flask_animegan.runtime.backends.fidelity import min_db, psnr
 from flask_animegan.runtime.engine import InferenceEngine
 from flask_animegan.runtime.precision import native_bf16
 from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
@@ -84,7 +84,7 @@ def test_each_backend_and_precision_stays_within_40_db_of_torch_fp32(backend, pr
             assert ours.shape == theirs.shape == (image.height, image.width, 3)
             value = psnr(ours, theirs)
             print(f"{backend} {precision} {name} {image.size}: {value:.1f} dB")
-            assert value >= 40, (name, size, value)
+            assert value >= (35 if precision == "int8" else 40), (name, size, value)
 
 
 @pytest.mark.slow  # compiles OpenVINO models
@@ -125,13 +125,14 @@ def test_auto_picks_the_fastest_candidate_and_says_so(make_app, model_cache, cap
     health = client.get("/animegan/healthz").json
     assert health["styles_backend"]["other_style"] == chosen
     if chosen != "torch fp32":
-        assert health["fidelity_db"]["other_style"] >= 40
+        assert health["fidelity_db"]["other_style"] >= min_db(health["precision"])
 
 
 @pytest.mark.slow  # compiles OpenVINO models
 def test_a_candidate_below_the_guard_is_refused_and_shown(make_app, model_cache, monkeypatch):
     need(HAVE_OPENVINO, NEED_OPENVINO)
-    monkeypatch.setattr("flask_animegan.runtime.engine.MIN_PSNR_DB", 1000.0)  # nothing reaches it
+    # nothing reaches it
+    monkeypatch.setattr("flask_animegan.runtime.backends.fidelity.MIN_PSNR_DB", 1000.0)
     app = make_app(ANIMEGAN_MODEL_CACHE_DIR=str(model_cache), ANIMEGAN_SHIPPED_STYLES=False,
                    ANIMEGAN_DEFAULT_STYLE="test_style", ANIMEGAN_BACKEND="openvino",
                    ANIMEGAN_PRECISION="fp32")

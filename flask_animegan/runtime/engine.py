@@ -32,7 +32,7 @@ from .backends import (
     to_pixels,
     weights_digest,
 )
-from .backends.fidelity import MIN_PSNR_DB, fidelity_db
+from .backends.fidelity import fidelity_db, min_db
 from .backends.torch import TorchRunner
 from .catalog import StyleInfo
 from .gate import InferenceGate
@@ -91,6 +91,8 @@ class InferenceEngine:
         self._backends_lock = threading.Lock()
         self.choice = Choice("torch" if backend == "auto" else backend,
                              "fp32" if precision == "auto" else precision)
+        if precision == "int8":  # settled by prepare() too: torch has no int8
+            self.choice = REFERENCE
         self.timings: dict[str, float] = {}  # candidate -> seconds, when auto timed them
         self.rejected: dict[str, str] = {}  # candidate -> why the fidelity guard refused it
         self.pool = ModelPool(max_loaded=max_loaded, pinned=self.registry.default,
@@ -202,9 +204,17 @@ class InferenceEngine:
             log.exception("flask_animegan: %s cannot run %s; using torch fp32", choice, path.name)
             note = f"{choice} failed ({exc.__class__.__name__}: {str(exc)[:200]}); torch fp32 used"
             return LoadedStyle(reference.network, reference, note=note)
-        if value < MIN_PSNR_DB:
+        if value < min_db(choice.precision):
+            if choice.precision == "int8":  # served in the same backend's fp32
+                fallback = self._loaded(path, network, Choice(choice.backend, "fp32"))
+                note = (f"{choice} reached only {value:.1f} dB PSNR against torch fp32 on the "
+                        f"guard photos (needs {min_db('int8'):g}); {self.serving(fallback)} used"
+                        + (f" ({fallback.note})" if fallback.note else ""))
+                log.warning("flask_animegan: style %s: %s", path.stem, note)
+                return LoadedStyle(fallback.network, fallback.runner,
+                                   fidelity_db=fallback.fidelity_db, note=note)
             note = (f"{choice} reached only {value:.1f} dB PSNR against torch fp32 on the guard "
-                    f"photos (needs {MIN_PSNR_DB:g}); torch fp32 used")
+                    f"photos (needs {min_db(choice.precision):g}); torch fp32 used")
             log.warning("flask_animegan: style %s: %s", path.stem, note)
             return LoadedStyle(reference.network, reference, fidelity_db=value, note=note)
         return LoadedStyle(network, candidate, fidelity_db=round(value, 1))
@@ -242,13 +252,16 @@ class InferenceEngine:
     def candidates(self) -> list[Choice]:
         """Every backend and precision ``auto`` may choose from here."""
         available = self.backends  # opening them settles self.choice
-        backends = (list(available) if self.requested_backend == "auto"
-                    else [self.choice.backend])
+        requested = self.requested_backend
+        backends = (list(available) if requested == "auto"
+                    else [requested] if requested in available else [self.choice.backend])
         found = []
         for name in backends:
             backend: Backend = self.backends[name]
             precisions = (backend.precisions() if self.requested_precision == "auto"
                           else (self.requested_precision,))
+            if self.requested_precision == "int8" and "int8" not in backend.precisions():
+                continue  # torch, or OpenVINO without NNCF
             found += [Choice(name, precision) for precision in precisions]
         return found
 
@@ -258,6 +271,15 @@ class InferenceEngine:
         candidates = self.candidates()
         default = self.style(None)
         assert default.path is not None
+        if self.requested_precision == "int8" and not candidates:
+            from .backends.int8 import missing
+
+            why = ("OpenVINO is not available" if "openvino" not in self.backends
+                   else missing() or "no backend offers it")
+            log.warning("flask_animegan: ANIMEGAN_PRECISION=int8, but %s; using %s fp32",
+                        why, self.choice.backend)
+            self.rejected = {f"{self.choice.backend} int8": why}
+            return
         if candidates == [self.choice]:
             return
         pinned = self.pool.pinned_model
@@ -275,6 +297,12 @@ class InferenceEngine:
         usable = {choice: style for choice, style in loaded.items() if style.note is None}
         self.rejected = {str(choice): style.note for choice, style in loaded.items()
                          if style.note is not None}
+        if self.requested_precision == "int8":
+            # explicit: INT8 it is, each style behind its own guard (one that fails it,
+            # the default included, is served in its backend's fp32: _loaded)
+            self.choice = candidates[0]
+            self.pool.replace_pinned(loaded[self.choice])
+            return
         if not usable:  # every candidate refused: the reference serves
             usable = {REFERENCE: self._loaded(default.path, load_generator(default.path),
                                               REFERENCE)}

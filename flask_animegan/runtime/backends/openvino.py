@@ -40,12 +40,14 @@ import torch
 from torch import nn
 
 from .. import generator
+from . import int8
 
 log = logging.getLogger("flask_animegan")
 
 #: Bump when the conversion below changes: it is part of every cache key.
 CONVERSION_VERSION = "1"
-PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16"}
+#: int8: the quantised model's FakeQuantize nodes make its convolutions int8; the rest f32
+PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 #: Side of the tracing input (any size works: height and width are dynamic).
 TRACE_SIDE = 32
 
@@ -132,6 +134,12 @@ def cache_key(weights: Path, digest: str) -> str:
     return f"{weights.stem}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:20]}"
 
 
+def int8_key(key: str) -> str:
+    """The quantised model's cache key: the converted one's, the recipe and NNCF's version."""
+    recipe = hashlib.sha256(f"{int8.RECIPE_VERSION}|{int8.version()}".encode()).hexdigest()
+    return f"{key}-int8-{recipe[:8]}"
+
+
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     """One process converts a style at a time (gunicorn's workers start together)."""
@@ -195,8 +203,11 @@ class OpenVINOBackend:
                 "loads": dict(self.loads)}
 
     def precisions(self) -> tuple[str, ...]:
+        """fp32; bf16 where the CPU computes it; int8 where NNCF (the int8 extra) is installed
+        (every x86 CPU runs int8 convolutions; whether they are faster is timed)."""
         capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-        return ("fp32", "bf16") if "BF16" in capabilities else ("fp32",)
+        native = ("fp32", "bf16") if "BF16" in capabilities else ("fp32",)
+        return native + (("int8",) if int8.missing() is None else ())
 
     def config(self, precision: str) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -224,7 +235,7 @@ class OpenVINOBackend:
                  style: str) -> ov.CompiledModel:
         started = time.perf_counter()
         source: ov.Model | str
-        source, converted = self._model(network, key)
+        source, converted = self._model(network, key, precision)
         converted_s = time.perf_counter() - started
         config = self.config(precision)
         try:
@@ -237,20 +248,25 @@ class OpenVINOBackend:
         from_cache = bool(compiled.get_property("LOADED_FROM_CACHE"))
         self.loads[f"{style} {precision}"] = {
             "converted": converted, "compiled_from_cache": from_cache,
+            **({"quantized": converted} if precision == "int8" else {}),
             "convert_s": round(converted_s, 3),
             "compile_s": round(time.perf_counter() - started - converted_s, 3)}
+        made = "converted and quantised" if precision == "int8" else "converted"
         log.info("flask_animegan: openvino %s %s: %s in %.2f s, %s in %.2f s", style, precision,
-                 "converted" if converted else "converted model read from the cache", converted_s,
+                 made if converted else f"{made} model read from the cache", converted_s,
                  "compiled blob loaded from the cache" if from_cache else "compiled",
                  time.perf_counter() - started - converted_s)
         return compiled
 
-    def _model(self, network: nn.Module, key: str) -> tuple[ov.Model | str, bool]:
-        """The converted model: a path in the cache folder (converting it first if it is
-        not there) or, without a usable cache, a model in memory. Also whether this call
-        converted it."""
+    def _model(self, network: nn.Module, key: str,
+               precision: str = "fp32") -> tuple[ov.Model | str, bool]:
+        """The converted model (``int8``: converted and quantised): a path in the cache
+        folder (making it first if it is not there) or, without a usable cache, a model in
+        memory. Also whether this call made it."""
+        if precision == "int8":
+            key = int8_key(key)
         if self.cache_dir is None:
-            return convert(network), True
+            return self._make(network, precision), True
         folder = self.cache_dir / "ir"
         xml = folder / f"{key}.xml"
         try:
@@ -258,7 +274,7 @@ class OpenVINOBackend:
             with _file_lock(folder / f"{key}.lock"):
                 if xml.is_file():
                     return str(xml), False
-                model = convert(network)
+                model = self._make(network, precision)
                 self._save(model, xml)
                 return str(xml), True
         except OSError as exc:
@@ -268,7 +284,15 @@ class OpenVINOBackend:
                             "writable folder", self.cache_dir, exc)
                 self._cache_problem_logged = True
             self.cache_dir = None
-            return convert(network), True
+            return self._make(network, precision), True
+
+    @staticmethod
+    def _make(network: nn.Module, precision: str) -> ov.Model:
+        model = convert(network)
+        if precision != "int8":
+            return model
+        quantized: ov.Model = int8.quantize(model)
+        return quantized
 
     @staticmethod
     def _save(model: ov.Model, xml: Path) -> None:

@@ -1,0 +1,112 @@
+"""Odd sizes: seconds per megapixel over a spread of aspect ratios, per backend, with and
+without padding the input (reflect) to a multiple of 8, 16 or 32 and cropping back.
+
+Run: ``.venv/bin/python -m bench.odd_sizes`` (``--quick``: fewer shapes and rounds).
+
+Each backend's fp32 runner (torch channels-last, OpenVINO) runs the shipped style; every
+(shape, padding) pair is timed once per round, all of them in turns, so a busy moment of
+the machine hits every variant alike; the figure is the median of the rounds, in seconds
+per megapixel of the picture asked for (not of the padded one). The padded output is
+cropped back and compared with the unpadded one (PSNR of the uint8 pictures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from flask_animegan.process import configure_process
+from flask_animegan.runtime.backends import fidelity
+from flask_animegan.runtime.backends.base import to_pixels
+from flask_animegan.runtime.backends.torch import TorchRunner
+from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
+from flask_animegan.runtime.weights import load_generator
+
+from . import ceilings
+
+#: (height, width) at 512 px on the long side: 1:1, 4:3, 3:2, 16:10, 16:9, 5:4, 2:1,
+#: and portraits
+SHAPES = ((512, 512), (384, 512), (341, 512), (320, 512), (288, 512), (410, 512),
+          (256, 512), (512, 341), (512, 384), (383, 511), (347, 509))
+QUICK_SHAPES = ((512, 512), (341, 512), (320, 512), (512, 341))
+ALIGNMENTS = (1, 8, 16, 32)
+
+
+def padded(run: Callable[[np.ndarray], np.ndarray], align: int
+           ) -> Callable[[np.ndarray], np.ndarray]:
+    """``run`` on ``pixels`` reflect-padded at the bottom and right to a multiple of
+    ``align``, cropped back."""
+    def call(pixels: np.ndarray) -> np.ndarray:
+        height, width = pixels.shape[:2]
+        pad_h, pad_w = -height % align, -width % align
+        if not pad_h and not pad_w:
+            return run(pixels)
+        big = np.pad(pixels, ((0, pad_h), (0, pad_w), (0, 0)), mode="reflect")
+        return run(big)[:height, :width]
+    return call
+
+
+def runners(threads: int) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    network = load_generator(SHIPPED_STYLES_DIR / "toon_demo.pt").eval()
+    found: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+        "torch fp32": TorchRunner(load_generator(SHIPPED_STYLES_DIR / "toon_demo.pt"), "fp32")}
+    try:
+        from flask_animegan.runtime.backends.openvino import OpenVINOBackend
+    except ImportError:
+        return found
+    backend = OpenVINOBackend(cache_dir=None, threads=threads)
+    found["openvino fp32"] = backend.runner(network, "fp32", SHIPPED_STYLES_DIR / "toon_demo.pt")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.odd_sizes")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=None)
+    args = parser.parse_args(argv)
+    threads = configure_process(ceilings.usable_cpus())
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    rounds = args.rounds or (2 if args.quick else 3)
+    print(f"# Odd sizes: s/Mpx, {threads} threads, CPU {ceilings.machine_info()['cpu_model']}, "
+          f"median of {rounds} rounds in turns\n")
+    rng = np.random.default_rng(0)
+    for backend, run in runners(threads).items():
+        pictures = {shape: rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+                    for shape in shapes}
+        calls = {align: padded(run, align) for align in ALIGNMENTS}
+        times: dict[tuple[tuple[int, int], int], list[float]] = {}
+        fidelity_db: dict[tuple[tuple[int, int], int], float] = {}
+        for shape, picture in pictures.items():
+            plain = to_pixels(calls[1](picture))
+            for align, call in calls.items():
+                made = to_pixels(call(picture))  # the first call builds kernels
+                assert made is not None and plain is not None and made.shape == plain.shape
+                fidelity_db[shape, align] = fidelity.psnr(plain, made)
+        for _ in range(rounds):
+            for shape, picture in pictures.items():
+                for align, call in calls.items():
+                    started = time.perf_counter()
+                    call(picture)
+                    times.setdefault((shape, align), []).append(time.perf_counter() - started)
+        print(f"## {backend}\n")
+        print("| H x W | " + " | ".join(f"pad to {a}" if a > 1 else "as is" for a in ALIGNMENTS)
+              + " | best | worst PSNR padded vs as is |")
+        print("| --- |" + " --- |" * (len(ALIGNMENTS) + 2))
+        for shape in shapes:
+            mpx = shape[0] * shape[1] / 1e6
+            per = {a: statistics.median(times[shape, a]) / mpx for a in ALIGNMENTS}
+            best = min(per, key=lambda a: per[a])
+            worst = min(fidelity_db[shape, a] for a in ALIGNMENTS if a > 1)
+            print(f"| {shape[0]}x{shape[1]} | " + " | ".join(f"{per[a]:.2f}" for a in ALIGNMENTS)
+                  + f" | {'as is' if best == 1 else best} | {worst:.1f} dB |")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
