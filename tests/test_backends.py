@@ -74,6 +74,7 @@ def test_each_backend_and_precision_stays_within_40_db_of_torch_fp32(backend, pr
         need(HAVE_OPENVINO, NEED_OPENVINO)
     reference = shipped_engine("torch", "fp32", model_cache)
     engine = shipped_engine(backend, precision, model_cache)
+    engine.prepare(0)  # int8, like auto, is settled there
     # the guard let it serve the trained style (it would fall back to torch fp32)
     assert engine.runner().backend == backend and engine.runner().precision == precision
     assert engine.status()["styles_backend"] == {"toon_demo": f"{backend} {precision}"}
