@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 import time
@@ -29,6 +30,7 @@ from markupsafe import escape
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, default_exceptions
 from werkzeug.routing import RequestRedirect
 from werkzeug.wrappers import Response as BaseResponse
+from werkzeug.wsgi import get_input_stream
 
 from ..cache import StoredResult
 from ..config import DEFAULTS, OUTPUT_FORMATS
@@ -96,9 +98,32 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
     # body has no length: Werkzeug then stops reading at the limit without an error,
     # so allow one byte more and refuse the body if it gets there (_read_upload).
     limit = get_service().max_upload_bytes
-    request.max_content_length = limit if request.content_length is not None else limit + 1
+    _limit_the_body(limit if request.content_length is not None else limit + 1)
     request.max_form_parts = MAX_FORM_PARTS
     csrf.exempt_from_host(convert)  # why that is safe: csrf.py
+
+
+def _limit_the_body(limit: int) -> None:
+    """This request's body limit. Flask 3.1 sets it per request; on Flask 3.0 the
+    property reads the app's MAX_CONTENT_LENGTH only, so the limited stream is set here
+    (a body over it is refused when it is read, as on Flask 3.1)."""
+    try:
+        request.max_content_length = limit
+    except AttributeError:  # Flask 3.0: a read-only property
+        try:
+            request.stream = get_input_stream(request.environ, max_content_length=limit)
+        except RequestEntityTooLarge:
+            request.stream = io.BufferedReader(_RefusedBody())
+
+
+class _RefusedBody(io.RawIOBase):
+    """The body of a request whose Content-Length is over the limit (Flask 3.0)."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        raise RequestEntityTooLarge()
 
 
 @blueprint.after_request
