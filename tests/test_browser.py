@@ -200,7 +200,11 @@ def test_without_javascript_the_form_posts_and_shows_the_result_page(server, bro
     result = by_id(driver, "animegan-result")
     assert result.is_displayed() and result.size["width"] > 100
     assert natural_size(driver, result) == (384, 256)  # coffee is 600x400
-    original = driver.find_element("css selector", ".animegan-pair .animegan-original")
+    # one view: the result; the photo sent is folded away under it, and opens
+    assert not driver.find_element("css selector", ".animegan-compare-before").is_displayed()
+    assert not driver.find_element("css selector", ".animegan-compare-range").is_displayed()
+    driver.find_element("css selector", ".animegan-photo-sent summary").click()
+    original = driver.find_element("css selector", ".animegan-photo-sent .animegan-original")
     assert original.is_displayed() and natural_size(driver, original) == (384, 256)
     save_screenshot(driver, "result-no-js.png")
 
@@ -258,10 +262,10 @@ def test_with_javascript_preview_convert_compare_and_download(server, browser,
     assert by_id(driver, "animegan-status").text.startswith("Done in ")
     assert by_id(driver, "animegan-submit").is_enabled()
 
-    # side by side: the original and the result on one row
-    figures = panel.find_elements("css selector", ".animegan-pair figure")
-    assert len(figures) == 2 and figures[0].location["y"] == figures[1].location["y"]
-    assert figures[0].location["x"] < figures[1].location["x"]
+    # one large before/after view, as wide as the page's column allows (48rem)
+    assert len(panel.find_elements("css selector", "figure")) == 1
+    assert panel.find_element("css selector", ".animegan-compare-frame").size["width"] >= 700
+    assert not panel.find_element("css selector", ".animegan-photo-sent").is_displayed()
     assert panel.find_element("css selector", ".animegan-caption").text == "toon_demo, 256×256"
 
     # the before/after slider uncovers the photo from the left
@@ -330,6 +334,30 @@ def test_with_javascript_a_non_image_is_explained_inline(server, browser, not_a_
     assert driver.current_url.endswith("/animegan/")
 
 
+SLOW_FETCH = """
+const fetchNow = window.fetch;
+window.fetch = (...args) => new Promise(wait => setTimeout(wait, 700)).then(
+    () => fetchNow(...args));
+"""
+
+
+def test_the_busy_clock_stops_before_an_error_shows(server, browser, not_a_photo):
+    """An answer that takes a while (here: the request waits 0.7 s in the page) lets the
+    clock tick; once the error shows, the status is empty and stays so."""
+    driver = browser()
+    driver.get(f"{server.url}/animegan/")
+    driver.execute_script(SLOW_FETCH + RECORD_STATUS)
+    by_id(driver, "animegan-image").send_keys(str(not_a_photo))
+    by_id(driver, "animegan-submit").click()
+    error = by_id(driver, "animegan-error")
+    wait_for(error.is_displayed, what="the inline error")
+    time.sleep(0.5)  # five of the clock's periods
+    assert by_id(driver, "animegan-status").text == ""
+    statuses = driver.execute_script("return window.statuses")
+    assert any(s.startswith("Converting\u2026 0.") for s in statuses), statuses  # it ticked
+    assert statuses[-1] == "", statuses
+
+
 @pytest.mark.parametrize("javascript", [True, False])
 def test_rate_limited_conversions_say_how_long_to_wait(limited_server, browser, coffee_file,
                                                        javascript):
@@ -380,3 +408,14 @@ def test_the_page_fits_a_phone(server, browser):
         "return document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 0
     save_screenshot(driver, "page-phone.png")
+
+
+def test_a_touch_screen_gets_no_keyboard_hint(server, browser):
+    driver = browser()
+    driver.get(f"{server.url}/animegan/")
+    assert "(Ctrl+V)" in by_id(driver, "animegan-image-hint").text
+    driver.execute_cdp_cmd("Emulation.setTouchEmulationEnabled",
+                           {"enabled": True, "maxTouchPoints": 5})
+    driver.get(f"{server.url}/animegan/")
+    hint = by_id(driver, "animegan-image-hint").text
+    assert "Ctrl" not in hint and "Tap Photo to take one with the camera" in hint, hint

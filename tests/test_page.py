@@ -98,9 +98,29 @@ def test_the_result_page_offers_a_download_and_the_comparison(client):
     token = page_url.rsplit("/", 1)[1]
     assert re.search(rf'<a id="animegan-download"[^>]+href="/animegan/result/{token}/anime\?'
                      r'download=1" download="anime-other_style.jpg"', html)
-    # the before/after slider is hidden until the script shows it
-    assert re.search(r'class="animegan-compare" data-animegan-compare hidden', html)
+    # one view: the result (the slider and the photo over it show with the script), and
+    # the photo sent, folded away
+    assert html.count("<figure") == 1 and "animegan-pair" not in html
+    assert re.search(r'<figure class="animegan-compare" data-animegan-compare>\s*'
+                     r'<div class="animegan-compare-frame">\s*<img id="animegan-result"', html)
     assert 'type="range"' in html
+    assert re.search(r'<details class="animegan-photo-sent">\s*<summary>The photo you sent', html)
+
+
+def test_a_layout_that_reads_a_title_variable_gets_the_pages_title(make_app, tmp_path):
+    """The Flask Mega-Tutorial's layout: ``{% if title %}{{ title }} - Site{% endif %}``."""
+    from jinja2 import DictLoader
+
+    app = make_app(ANIMEGAN_BASE_TEMPLATE="site.html",
+                   ANIMEGAN_CONTENT_BLOCK="content")
+    app.jinja_loader = DictLoader({"site.html": (
+        "<title>{% if title %}{{ title }} - Microblog{% else %}Microblog{% endif %}</title>"
+        "{% block content %}{% endblock %}")})
+    client = app.test_client()
+    assert "<title>Photo to anime - Microblog</title>" in client.get(
+        "/animegan/").get_data(as_text=True)
+    result = client.get(_upload(client).headers["Location"]).get_data(as_text=True)
+    assert "<title>Your anime picture - Microblog</title>" in result
 
 
 def test_the_page_is_for_visitors_the_admin_commands_show_in_debug_mode_only(make_app):
@@ -109,7 +129,8 @@ def test_the_page_is_for_visitors_the_admin_commands_show_in_debug_mode_only(mak
     assert "flask animegan" not in html and "animegan-admin" not in html
     app.debug = True
     html = app.test_client().get("/animegan/").get_data(as_text=True)
-    assert "flask animegan pull paprika" in html and "shows only in debug mode" in html
+    assert "flask animegan pull paprika" in html
+    assert "Only the site's administrators see this box" in html
 
 
 def test_the_face_note_shows_only_when_a_face_style_is_installed(make_app, client, models_dir,

@@ -5,7 +5,7 @@
   "use strict";
 
   function initCompare(root) {
-    root.hidden = false;
+    root.classList.add("animegan-compare-ready");
     if (root.dataset.ready) return;
     root.dataset.ready = "1";
     var range = root.querySelector(".animegan-compare-range");
@@ -48,6 +48,11 @@
   var form = document.getElementById("animegan-form");
   if (!form || !window.fetch || !window.FormData) return;
   document.documentElement.classList.add("animegan-js");
+  if (/Mac|iPhone|iPad/.test(navigator.platform || "")) {
+    document.querySelectorAll("[data-animegan-paste-key]").forEach(function (key) {
+      key.textContent = "\u2318V";
+    });
+  }
 
   var input = document.getElementById("animegan-image");
   var drop = document.getElementById("animegan-drop");
@@ -62,7 +67,30 @@
   var photoUrl = null;
   var resultUrl = null;
 
+  // The busy indicator's clock. Every end of a conversion stops it *before* writing the
+  // status, and a tick checks that its clock still runs, so no late tick can write
+  // "Converting... 0.1 s" over the end's status or beside an error.
+  var clock = null;
+
+  function startClock() {
+    var started = performance.now();
+    function elapsed() { return ((performance.now() - started) / 1000).toFixed(1); }
+    stopClock("Converting\u2026");
+    var id = setInterval(function () {
+      if (clock === id) status.textContent = "Converting\u2026 " + elapsed() + " s";
+    }, 100);
+    clock = id;
+    return elapsed;
+  }
+
+  function stopClock(text) {
+    if (clock !== null) clearInterval(clock);
+    clock = null;
+    if (text !== undefined) status.textContent = text;
+  }
+
   function showError(message) {
+    stopClock("");
     errorBox.textContent = sentence(message);
     errorBox.hidden = false;
   }
@@ -169,7 +197,7 @@
     download.download = stemOf(photo.name) + "-" + style + "." + ext;
     panel.hidden = false;
     initCompare(panel.querySelector("[data-animegan-compare]"));
-    status.textContent = "Done in " + elapsed + " s.";
+    stopClock("Done in " + elapsed + " s.");
     panel.focus();
   }
 
@@ -280,10 +308,7 @@
     }
     var body = new FormData(form);
     body.set("image", photo, photo.name || "photo");
-    var started = performance.now();
-    function elapsed() { return ((performance.now() - started) / 1000).toFixed(1); }
-    var timer = setInterval(function () { status.textContent = "Converting\u2026 " + elapsed() + " s"; }, 100);
-    status.textContent = "Converting\u2026";
+    var elapsed = startClock();
     button.disabled = true;
     form.setAttribute("aria-busy", "true");
     form.classList.add("animegan-busy");
@@ -291,7 +316,7 @@
     panel.hidden = true;
 
     function finish() {
-      clearInterval(timer);
+      stopClock();
       button.disabled = false;
       form.removeAttribute("aria-busy");
       form.classList.remove("animegan-busy");
@@ -302,8 +327,7 @@
                           headers: { Accept: "application/json" } })
         .then(function (response) {
           if (response.status === 202) {
-            clearInterval(timer);
-            status.textContent = "";
+            stopClock("");
             return response.json().then(function (job) {
               showJob(job);
               pollJob(response.headers.get("Location") || job.url, finish);
@@ -319,17 +343,15 @@
             function (answer) {
               var other = answer.jobs_url || answer.convert_url;
               if (response.status === 415 && other && !retried) return send(other, true);
-              status.textContent = "";
               showError(answer.error || statusMessage(response));
               finish();
             },
-            function () { status.textContent = ""; showError(statusMessage(response)); finish(); });
+            function () { showError(statusMessage(response)); finish(); });
         });
     }
 
     send(movesByType(photo) ? form.dataset.jobsUrl : form.dataset.convertUrl, false)
       .catch(function () {
-        status.textContent = "";
         showError("the server could not be reached; check your connection and try again");
         finish();
       });
