@@ -38,7 +38,7 @@ from .generator import Generator, InvertedResBlock
 
 #: Core side of a tile in output pixels (a multiple of 4), and the context each tile
 #: reads past its core on every side (a multiple of 4, past the receptive field).
-TILE = 512
+TILE = 384
 MARGIN = 48
 #: Long side of the first pass that measures the statistics the first tiled pass uses.
 STATS_SIDE = 512
@@ -85,43 +85,69 @@ def _half(side: int) -> int:
     return (side - 2) // 2 + 1
 
 
+def _positions(n_from: int, n_to: int, offset_from: int, offset_to: int, count: int,
+               limit: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Along one axis: for ``count`` output positions from ``offset_to``, the two input
+    positions (in a tile that starts at ``offset_from`` and has ``limit`` positions) and
+    the weight of the second, as ``align_corners=True`` maps ``n_from`` onto ``n_to``."""
+    scale = (n_from - 1) / (n_to - 1) if n_to > 1 else 0.0
+    positions = (torch.arange(count, dtype=torch.float64) + offset_to) * scale
+    positions = (positions - offset_from).clamp(0, limit - 1)
+    low = positions.floor().long().clamp(max=limit - 1)
+    return low, (low + 1).clamp(max=limit - 1), positions - low
+
+
 def _upsample(x: torch.Tensor, whole_from: tuple[int, int], whole_to: tuple[int, int],
               offset_from: tuple[int, int], offset_to: tuple[int, int],
               size_to: tuple[int, int]) -> torch.Tensor:
     """Bilinear ``align_corners=True`` upsampling of a tile ``x`` of a picture whose whole
     feature map goes from ``whole_from`` to ``whole_to`` (H, W): the tile's output rows and
     columns (``size_to``, starting at ``offset_to`` in the whole output) sample ``x`` (which
-    starts at ``offset_from``) where the whole picture's upsampling would."""
-    for axis in (2, 3):
-        dim = axis - 2
-        n_from, n_to = whole_from[dim], whole_to[dim]
-        scale = (n_from - 1) / (n_to - 1) if n_to > 1 else 0.0
-        positions = (torch.arange(size_to[dim], dtype=torch.float64) + offset_to[dim]) * scale
-        positions = (positions - offset_from[dim]).clamp(0, x.shape[axis] - 1)
-        low = positions.floor().long().clamp(max=x.shape[axis] - 1)
-        high = (low + 1).clamp(max=x.shape[axis] - 1)
-        shape = [1, 1, 1, 1]
-        shape[axis] = -1
-        weight = (positions - low).to(x.dtype).reshape(shape)
-        x = torch.lerp(x.index_select(axis, low), x.index_select(axis, high), weight)
-    return x
+    starts at ``offset_from``) where the whole picture's upsampling would.
+
+    Made in bands of rows into one channels-last output (what the next convolution
+    wants): the peak is the output, not three copies of it."""
+    low, high, weight = _positions(whole_from[0], whole_to[0], offset_from[0], offset_to[0],
+                                   size_to[0], x.shape[2])
+    c_low, c_high, c_weight = _positions(whole_from[1], whole_to[1], offset_from[1],
+                                         offset_to[1], size_to[1], x.shape[3])
+    c_weight_t = c_weight.to(x.dtype).view(1, 1, 1, -1)
+    out = torch.empty((x.shape[0], x.shape[1], size_to[0], size_to[1]), dtype=x.dtype,
+                      memory_format=torch.channels_last)
+    for start in range(0, size_to[0], _BAND):
+        band = slice(start, start + _BAND)
+        rows = torch.lerp(x.index_select(2, low[band]), x.index_select(2, high[band]),
+                          weight[band].to(x.dtype).view(1, 1, -1, 1))
+        out[:, :, band] = torch.lerp(rows.index_select(3, c_low),
+                                     rows.index_select(3, c_high), c_weight_t)
+    return out
+
+
+#: Output rows per band of :func:`_upsample`.
+_BAND = 32
 
 
 class _Run:
-    """Runs the generator's layers on one tile, normalising with fixed statistics."""
+    """Runs the generator's layers on one tile, normalising with fixed statistics, or
+    (``measure``) with the tile's own, recorded into ``norms`` (the statistics pass).
 
-    def __init__(self, norms: Norms) -> None:
+    Every GroupNorm input is a convolution's fresh output, and every residual a fresh sum:
+    both are done in place, so a tile needs no more memory than the network itself on a
+    picture of the tile's size."""
+
+    def __init__(self, norms: Norms, measure: bool = False) -> None:
         self.norms = norms
+        self.measure = measure
 
     def layers(self, module: nn.Module, x: torch.Tensor,
                factor: int) -> tuple[torch.Tensor, int]:
         """``module`` on ``x`` (at 1/``factor`` of the input's resolution); returns the
         output and its factor."""
         if isinstance(module, nn.GroupNorm):
-            return self.norm(module, x, factor), factor
+            return self.norm(module, x), factor
         if isinstance(module, InvertedResBlock):
             inner, _ = self.layers(module.layers, x, factor)
-            return (x + inner if module.use_res_connect else inner), factor
+            return (inner.add_(x) if module.use_res_connect else inner), factor
         if isinstance(module, nn.Sequential):
             for child in module:
                 x, factor = self.layers(child, x, factor)
@@ -131,33 +157,26 @@ class _Run:
             factor *= 2
         return out, factor
 
-    def norm(self, module: nn.GroupNorm, x: torch.Tensor, factor: int) -> torch.Tensor:
+    def norm(self, module: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
+        if self.measure:
+            var_t, mean_t = torch.var_mean(x.float(), unbiased=False)
+            self.norms.mean[module], self.norms.var[module] = float(mean_t), float(var_t)
         mean, var = self.norms.mean[module], self.norms.var[module]
         scale = module.weight / (var + module.eps) ** 0.5
         shift = module.bias - mean * scale
-        normed: torch.Tensor = x * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)
-        return normed
+        return x.mul_(scale.view(1, -1, 1, 1)).add_(shift.view(1, -1, 1, 1))
 
 
 def measure_norms(network: Generator, batch: torch.Tensor) -> Norms:
-    """Each GroupNorm layer's input mean and variance, running ``network`` on ``batch``."""
-    mean: dict[nn.GroupNorm, float] = {}
-    var: dict[nn.GroupNorm, float] = {}
-
-    def record(module: nn.Module, inputs: tuple[torch.Tensor, ...], _out: object) -> None:
-        values = inputs[0].double()
-        mean[module] = float(values.mean())  # type: ignore[index]
-        var[module] = float(values.var(unbiased=False))  # type: ignore[index]
-
-    hooks = [m.register_forward_hook(record) for m in network.modules()
-             if isinstance(m, nn.GroupNorm)]
-    try:
-        with torch.inference_mode():
-            network(batch)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return Norms(mean, var)
+    """Each GroupNorm layer's input mean and variance over the whole of ``batch``: the
+    network on it as one tile, normalising each layer with its own statistics (exactly
+    what GroupNorm does)."""
+    height, width = batch.shape[2], batch.shape[3]
+    norms = Norms({}, {})
+    with torch.inference_mode():
+        _tile_forward(network, batch, (height, width),
+                      _Tile(0, height, 0, width, (0, height, 0, width)), norms, measure=True)
+    return norms
 
 
 def _to_batch(pixels: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -169,13 +188,13 @@ def _to_batch(pixels: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.T
 
 
 def _tile_forward(network: Generator, batch: torch.Tensor, whole: tuple[int, int],
-                  tile: _Tile, norms: Norms) -> torch.Tensor:
+                  tile: _Tile, norms: Norms, measure: bool = False) -> torch.Tensor:
     """The generator on one tile (``batch``: the tile's input), at the whole picture's
     geometry; returns the tile's core."""
     height, width = whole
     half = (_half(height), _half(width))
     quarter = (_half(half[0]), _half(half[1]))
-    run = _Run(norms)
+    run = _Run(norms, measure)
     out, _ = run.layers(network.block_a, batch, 1)
     half_size = (out.shape[2], out.shape[3])
     out, _ = run.layers(network.block_b, out, 2)
