@@ -40,7 +40,10 @@ import torch
 from torch import nn
 
 from .. import generator
-from . import int8
+from .int8 import RECIPE_VERSION as INT8_RECIPE_VERSION
+from .int8 import missing as int8_missing
+from .int8 import quantize as int8_quantize
+from .int8 import version as int8_version
 
 log = logging.getLogger("flask_animegan")
 
@@ -136,7 +139,7 @@ def cache_key(weights: Path, digest: str) -> str:
 
 def int8_key(key: str) -> str:
     """The quantised model's cache key: the converted one's, the recipe and NNCF's version."""
-    recipe = hashlib.sha256(f"{int8.RECIPE_VERSION}|{int8.version()}".encode()).hexdigest()
+    recipe = hashlib.sha256(f"{INT8_RECIPE_VERSION}|{int8_version()}".encode()).hexdigest()
     return f"{key}-int8-{recipe[:8]}"
 
 
@@ -207,7 +210,7 @@ class OpenVINOBackend:
         (every x86 CPU runs int8 convolutions; whether they are faster is timed)."""
         capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         native = ("fp32", "bf16") if "BF16" in capabilities else ("fp32",)
-        return native + (("int8",) if int8.missing() is None else ())
+        return native + (("int8",) if int8_missing() is None else ())
 
     def config(self, precision: str) -> dict[str, Any]:
         config: dict[str, Any] = {
@@ -291,7 +294,7 @@ class OpenVINOBackend:
         model = convert(network)
         if precision != "int8":
             return model
-        quantized: ov.Model = int8.quantize(model)
+        quantized: ov.Model = int8_quantize(model)
         return quantized
 
     @staticmethod
