@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tarfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from test_browser import (  # noqa: F401  (browser: a fixture)
     save_screenshot,
     wait_for,
 )
-from werkzeug.serving import make_server
+from test_host_site import ThreadedServer
 
 from flask_animegan import AnimeGAN
 
@@ -78,20 +77,6 @@ def bootstrap_css(folder: Path) -> Path:
     return path
 
 
-class ThreadedSite:
-    """A Flask app served by Werkzeug's threaded server on a free loopback port."""
-
-    def __init__(self, app: Flask) -> None:
-        self.server = make_server("127.0.0.1", 0, app, threaded=True)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.thread.join(10)
-
-
 def make_site(folder: Path, layout: str) -> Flask:
     """The shipped toon_demo in the built-in layout, or in the Bootstrap site's."""
     (folder / "models").mkdir()
@@ -116,9 +101,9 @@ def make_site(folder: Path, layout: str) -> Flask:
 
 @pytest.fixture(scope="module", params=["built-in", "bootstrap"])
 def site(request: pytest.FixtureRequest,
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ThreadedSite]]:
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ThreadedServer]]:
     need(CHROMIUM is not None and CHROMEDRIVER is not None, "needs chromium and chromedriver")
-    served = ThreadedSite(make_site(tmp_path_factory.mktemp(request.param), request.param))
+    served = ThreadedServer(make_site(tmp_path_factory.mktemp(request.param), request.param))
     yield request.param, served
     served.stop()
 
