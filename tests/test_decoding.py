@@ -183,6 +183,19 @@ def test_images_over_the_pixel_limit_are_refused_before_decoding(side):
         decode(jpeg_header_only, max_pixels=side * 4)
 
 
+@pytest.mark.parametrize("side", [7000, 16384])
+def test_a_webp_canvas_over_the_pixel_limit_is_refused_from_its_header(side):
+    """An extended WebP (alpha: a VP8X chunk) whose header declares a larger canvas than
+    its picture: a 413 that names the size, whatever libwebp makes of the mismatch."""
+    small = encode_image(Image.new("RGBA", (32, 24), (10, 20, 30, 128)), "WEBP")
+    assert decoding.webp_canvas(small) == (32, 24)
+    forged = bytearray(small)
+    forged[24:27] = forged[27:30] = (side - 1).to_bytes(3, "little")
+    with pytest.raises(ImageTooLarge, match=f"{side}x{side}"):
+        decode(bytes(forged), max_pixels=40_000_000)
+    assert decoding.webp_canvas(photo_bytes("coffee")) is None  # not a WebP
+
+
 def test_big_jpegs_are_decoded_at_reduced_scale():
     big = photo("astronaut").resize((2048, 2048))
     decoded = decode_upload(encode_image(big, "JPEG"), size=512)

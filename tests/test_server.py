@@ -6,6 +6,7 @@ import concurrent.futures
 import os
 import re
 
+import numpy as np
 import pytest
 import requests
 from conftest import open_image, photo_bytes
@@ -52,12 +53,14 @@ def test_browser_form_upload_shows_the_converted_photo(server):
                           files={"image": ("coffee.jpg", photo_bytes("coffee"))},
                           data={"style": "test_style", "size": "256", "csrf_token": token})
     assert result.status_code == 200 and result.history[0].status_code == 303
-    pair = result.text.split('class="animegan-pair"', 1)[1].split("</div>", 1)[0]
-    sources = re.findall(r'<img[^>]+src="([^"]+)"', pair)
-    assert len(sources) == 2
-    original, anime = (open_image(session.get(server.url + s, timeout=10).content)
+    # the before/after view: the anime picture, and the photo over it
+    frame = result.text.split('class="animegan-compare-frame"', 1)[1].split("</div>", 1)[0]
+    sources = re.findall(r'<img[^>]+src="([^"]+)"', frame)
+    assert len(sources) == 2 and sources[0] != sources[1]
+    anime, original = (open_image(session.get(server.url + s, timeout=10).content)
                        for s in sources)
     assert original.size == anime.size == (256, 171)
+    assert not np.array_equal(np.asarray(original), np.asarray(anime))
 
 
 def test_the_site_keeps_its_own_pages(server):

@@ -318,6 +318,15 @@ def _tiff_file_copies(image: ImageFile.ImageFile) -> int:
     return 2 if len(image.tile) > 1 else 0
 
 
+def webp_canvas(data: bytes) -> tuple[int, int] | None:
+    """The canvas an extended WebP (``VP8X``: animations, alpha, metadata) declares, as
+    (width, height); None for any other file."""
+    if len(data) < 30 or data[:4] != b"RIFF" or data[8:16] != b"WEBPVP8X":
+        return None
+    return (1 + int.from_bytes(data[24:27], "little"),
+            1 + int.from_bytes(data[27:30], "little"))
+
+
 def open_upload(data: bytes, limits: DecodeLimits) -> OpenedUpload:
     """Open ``data`` lazily and check everything the header tells; no pixel is decoded."""
     if not data:
@@ -328,6 +337,13 @@ def open_upload(data: bytes, limits: DecodeLimits) -> OpenedUpload:
         raise ImageTooLarge(f"the JPEG has {layout.segments:,} metadata segments; reading "
                             f"them needs {layout.kept_bytes >> 20} MiB, the limit is "
                             f"{limits.max_bytes >> 20} MiB. Save it again without them")
+    canvas = webp_canvas(data)
+    if canvas is not None and canvas[0] * canvas[1] > limits.max_pixels:
+        # checked before Pillow: libwebp may refuse such a header as corrupt, or hold the
+        # canvas it declares
+        raise ImageTooLarge(f"the image is {canvas[0]}x{canvas[1]} = "
+                            f"{canvas[0] * canvas[1]:,} pixels; the limit is "
+                            f"{limits.max_pixels:,}. Send a smaller image")
     try:
         image = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
     except UnidentifiedImageError:

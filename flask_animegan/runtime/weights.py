@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -13,6 +16,18 @@ from .catalog import STYLE_NAME
 from .generator import Generator
 
 WEIGHT_SUFFIXES = (".pt", ".pth", ".ts")
+
+
+@contextlib.contextmanager
+def torchscript_quietly() -> Iterator[None]:
+    """Run ``torch.jit`` calls without torch's deprecation notice for them (a
+    DeprecationWarning in torch 2.13, a FutureWarning from 2.14). TorchScript files stay a
+    supported weights format, and tracing is how OpenVINO reads a generator; other warnings
+    pass as usual."""
+    with warnings.catch_warnings():
+        for category in (DeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", r"`torch\.jit\.[a-z_]+` is deprecated", category)
+        yield
 
 
 class WeightsError(Exception):
@@ -106,7 +121,8 @@ def load_generator(path: Path) -> nn.Module:
 
 def _load_torchscript(path: Path) -> nn.Module:
     try:
-        module: torch.jit.ScriptModule = torch.jit.load(str(path), map_location="cpu")
+        with torchscript_quietly():
+            module: torch.jit.ScriptModule = torch.jit.load(str(path), map_location="cpu")
     except Exception as exc:
         raise WeightsError(f"{path}: broken TorchScript file ({exc})") from exc
     module.eval()

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from ..errors import ConversionError
 from ..inputs.media import MediaInfo
 from ..jobs.records import JobState
 from ..runtime.download import DownloadError, pull_style
-from ..runtime.weights import WeightsError, load_generator
+from ..runtime.weights import WeightsError, load_generator, torchscript_quietly
 from ..service import get_service
 from .batch import (
     MOVING_SUFFIXES,
@@ -324,9 +323,7 @@ def export_command(name: str, target: Path) -> None:
         model = load_generator(style.path)
     except (ConversionError, WeightsError) as exc:
         raise click.ClickException(str(exc)) from None
-    with warnings.catch_warnings():
-        # torch 2.14 marks torch.jit deprecated; TorchScript files still load everywhere
-        warnings.simplefilter("ignore", FutureWarning)
+    with torchscript_quietly():  # TorchScript files still load everywhere
         scripted = torch.jit.script(model)
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.part")

@@ -73,7 +73,9 @@ def quantize(model: Any) -> Any:
         OverflowFix,
     )
 
-    nncf.set_log_level(logging.ERROR)
+    # only NNCF's own logger: nncf.set_log_level also sets the level of every handler on
+    # it, and handlers may be shared with the application's logging
+    logging.getLogger("nncf").setLevel(logging.ERROR)
     photos = calibration_photos()
     return nncf.quantize(
         model, nncf.Dataset(photos, lambda photo: photo[np.newaxis]),

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .. import generator
+from ..weights import torchscript_quietly
 from .int8 import RECIPE_VERSION as INT8_RECIPE_VERSION
 from .int8 import missing as int8_missing
 from .int8 import quantize as int8_quantize
@@ -80,9 +81,8 @@ def convert(network: nn.Module) -> ov.Model:
         # a copy: the caller's network may be serving (channels-last) at the same time
         network = copy.deepcopy(network).float().to(memory_format=torch.contiguous_format)
     example = torch.zeros(1, 3, TRACE_SIDE, TRACE_SIDE)
-    with warnings.catch_warnings(), torch.no_grad():
-        # tracing ourselves without the trace check takes a third of convert_model's own
-        warnings.filterwarnings("ignore", r"`torch\.jit\.[a-z_]+` is deprecated", FutureWarning)
+    # tracing ourselves without the trace check takes a third of convert_model's own
+    with torchscript_quietly(), warnings.catch_warnings(), torch.no_grad():
         # the trace sees GroupNorm's batch-size check; the batch is always 1 here
         # (TracerWarning is public, though torch.jit does not re-export it for type checkers)
         warnings.filterwarnings(
