@@ -8,9 +8,23 @@ shapes, so its published ``.pt`` state dicts load with ``strict=True``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+_Module = TypeVar("_Module", bound=nn.Module)
+
+
+def in_layout(network: _Module, memory_format: torch.memory_format) -> _Module:
+    """``network`` with its weights in ``memory_format`` (torch.channels_last: oneDNN's
+    fast path), changed in place. The stubs of some torch releases lack Module.to's
+    ``memory_format`` keyword, which every release takes."""
+    to: Callable[..., nn.Module] = network.to
+    to(memory_format=memory_format)
+    return network
 
 #: Number of parameters of the published generator (all styles share it).
 PARAMETER_COUNT = 2_143_552

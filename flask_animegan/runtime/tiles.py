@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .backends.base import to_pixels
-from .generator import Generator, InvertedResBlock
+from .generator import Generator, InvertedResBlock, in_layout
 
 #: Core side of a tile in output pixels (a multiple of 4), and the context each tile
 #: reads past its core on every side (a multiple of 4, past the receptive field).
@@ -223,7 +223,7 @@ def run_tiled(network: Generator, pixels: np.ndarray, *, tile: int | None = None
     dtype = next(network.parameters()).dtype  # fp32, or bf16 for a torch bf16 runner
     # channels-last: oneDNN's fast path (1.3x on a 608-px tile); in place, as TorchRunner
     # does, and only the layout changes (the engine's gate runs one conversion at a time)
-    network.to(memory_format=torch.channels_last)
+    in_layout(network, torch.channels_last)
     with torch.inference_mode():
         small = _shrink(pixels, stats_side or STATS_SIDE)
         norms = measure_norms(network, _to_batch(small, dtype))

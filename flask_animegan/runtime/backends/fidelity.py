@@ -49,8 +49,8 @@ def photos(side: int = SIDE) -> tuple[np.ndarray, ...]:
     """The guard's photos as uint8 RGB arrays (H, W, 3), fitted to ``side`` px (Lanczos)."""
     arrays = []
     for name in PHOTOS:
-        with Image.open(PHOTOS_DIR / name) as image:
-            image = image.convert("RGB")
+        with Image.open(PHOTOS_DIR / name) as opened:
+            image = opened.convert("RGB")
         scale = side / max(image.size)
         if scale > 1:  # the photos are 192 px: larger sides are enlarged
             image = image.resize((round(image.width * scale), round(image.height * scale)),

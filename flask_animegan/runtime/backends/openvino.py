@@ -79,7 +79,7 @@ def convert(network: nn.Module) -> ov.Model:
     in, float32 (1, H, W, 3) in about [-1, 1] out, H and W dynamic."""
     if not isinstance(network, torch.jit.ScriptModule):  # TorchScript files are fp32 already
         # a copy: the caller's network may be serving (channels-last) at the same time
-        network = copy.deepcopy(network).float().to(memory_format=torch.contiguous_format)
+        network = generator.in_layout(copy.deepcopy(network).float(), torch.contiguous_format)
     example = torch.zeros(1, 3, TRACE_SIDE, TRACE_SIDE)
     # tracing ourselves without the trace check takes a third of convert_model's own
     with torchscript_quietly(), warnings.catch_warnings(), torch.no_grad():

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..generator import in_layout
 from ..precision import DTYPES, native_bf16
 
 
@@ -23,8 +24,7 @@ class TorchRunner:
     def __init__(self, network: nn.Module, precision: str) -> None:
         self.precision = precision
         self.dtype = DTYPES[precision]
-        # two calls: torch's stubs lack the (dtype, memory_format) overload
-        self.network = network.to(dtype=self.dtype).to(memory_format=torch.channels_last)
+        self.network = in_layout(network.to(dtype=self.dtype), torch.channels_last)
 
     def __call__(self, pixels: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
