@@ -297,6 +297,40 @@ def accuracy_control(model: Any, models: Models, reference: Any) -> Any:
     return quantized, time.perf_counter() - started
 
 
+#: Photos for the side-by-side sheet: a portrait and a still life, neither a calibration
+#: nor a guard photo.
+SHEET_PHOTOS = ("astronaut", "coffee")
+
+
+def side_by_side(path: str, network: Any, model: Any, models: Models) -> None:
+    """A sheet at 512 px, a row per photo: the photo, torch fp32, the shipped INT8, and
+    their difference times 8 (mid-grey: none), with each row's PSNR printed."""
+    from PIL import ImageDraw
+
+    reference = TorchRunner(network, "fp32")
+    quantised = models.compile(int8.quantize(model))
+    rows = []
+    print(f"\n## Side by side ({path}): photo | torch fp32 | INT8 | difference x 8\n")
+    for name, photo in zip(SHEET_PHOTOS, skimage_photos(SHEET_PHOTOS, 512)):
+        fp32, eight = to_pixels(reference(photo)), to_pixels(quantised(photo))
+        assert fp32 is not None and eight is not None
+        difference = np.clip(128 + 8 * (eight.astype(np.int16) - fp32), 0, 255).astype(np.uint8)
+        worst = np.abs(eight.astype(np.int16) - fp32).max()
+        print(f"- {name} {photo.shape[1]}x{photo.shape[0]}: {fidelity.psnr(fp32, eight):.1f} dB, "
+              f"largest difference {worst} levels")
+        rows.append(np.concatenate([photo, fp32, eight, difference], axis=1))
+    width = max(row.shape[1] for row in rows)
+    sheet = Image.new("RGB", (width, sum(row.shape[0] + 24 for row in rows)), "white")
+    top = 0
+    for name, row in zip(SHEET_PHOTOS, rows):
+        ImageDraw.Draw(sheet).text(
+            (4, top + 6), f"{name}: photo | torch fp32 | INT8 (shipped recipe) | "
+            "difference x 8 (grey: none)", fill="black")
+        sheet.paste(Image.fromarray(row), (0, top + 24))
+        top += row.shape[0] + 24
+    sheet.save(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     import nncf
     import openvino as ov
@@ -305,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sensitivity", action="store_true")
     parser.add_argument("--accuracy-control", action="store_true")
     parser.add_argument("--only", help="comma-separated variant names")
+    parser.add_argument("--side-by-side", metavar="PNG", help="write the fp32 / INT8 sheet "
+                        "of two photos at 512 px there, and stop")
     parser.add_argument("--rounds", type=int, default=5, help="timing rounds at 512 px "
                         "(1024 px: one fewer, at least 3)")
     args = parser.parse_args(argv)
@@ -315,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     models = Models(network, threads)
     print(f"# INT8 (NNCF {nncf.__version__}, OpenVINO {ov.get_version()}), {threads} threads, "
           f"CPU {ceilings.machine_info()['cpu_model']}")
+    if args.side_by_side:
+        side_by_side(args.side_by_side, network, model, models)
+        return 0
     if args.sensitivity:
         sensitivity(model, models)
     chosen = variants()

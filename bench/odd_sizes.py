@@ -24,6 +24,7 @@ from flask_animegan.process import configure_process
 from flask_animegan.runtime.backends import fidelity
 from flask_animegan.runtime.backends.base import to_pixels
 from flask_animegan.runtime.backends.torch import TorchRunner
+from flask_animegan.runtime.precision import native_bf16
 from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
 from flask_animegan.runtime.weights import load_generator
 
@@ -34,7 +35,7 @@ from . import ceilings
 SHAPES = ((512, 512), (384, 512), (341, 512), (320, 512), (288, 512), (410, 512),
           (256, 512), (512, 341), (512, 384), (383, 511), (347, 509))
 QUICK_SHAPES = ((512, 512), (341, 512), (320, 512), (512, 341))
-ALIGNMENTS = (1, 8, 16, 32)
+ALIGNMENTS = (1, 4, 8, 16, 32)
 
 
 def padded(run: Callable[[np.ndarray], np.ndarray], align: int
@@ -52,15 +53,20 @@ def padded(run: Callable[[np.ndarray], np.ndarray], align: int
 
 
 def runners(threads: int) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
-    network = load_generator(SHIPPED_STYLES_DIR / "toon_demo.pt").eval()
-    found: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-        "torch fp32": TorchRunner(load_generator(SHIPPED_STYLES_DIR / "toon_demo.pt"), "fp32")}
+    """Every candidate ``auto`` may serve here: torch fp32 (and bf16 on a CPU that computes
+    it natively), OpenVINO fp32, bf16 and INT8 (the shipped recipe), where installed."""
+    weights = SHIPPED_STYLES_DIR / "toon_demo.pt"
+    found: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
+    for precision in ("fp32", "bf16") if native_bf16() else ("fp32",):
+        found[f"torch {precision}"] = TorchRunner(load_generator(weights), precision)
     try:
         from flask_animegan.runtime.backends.openvino import OpenVINOBackend
     except ImportError:
         return found
     backend = OpenVINOBackend(cache_dir=None, threads=threads)
-    found["openvino fp32"] = backend.runner(network, "fp32", SHIPPED_STYLES_DIR / "toon_demo.pt")
+    for precision in backend.precisions():
+        found[f"openvino {precision}"] = backend.runner(load_generator(weights).eval(),
+                                                        precision, weights)
     return found
 
 
