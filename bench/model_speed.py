@@ -103,6 +103,7 @@ def runner(mode: str, models_dir: Path, style: str, weights: Path,
 
         return eager
     engine = engine_for(mode, models_dir, style, cache_dir)
+    engine.prepare(0)  # INT8 is quantised and put through its guard there
     run = engine.runner(style)
     if mode_of(run.backend, run.precision) != mode:
         raise RuntimeError(f"{mode} is not usable here: {engine.status()['fidelity_notes']}")

@@ -29,6 +29,7 @@ def make_pipeline(models_dir: Path, style: str, precision: str,
     """The service's pipeline without a cache, decoding in helper processes as served."""
     settings = Settings(default_style=style, precision=precision, backend=backend)
     engine = InferenceEngine.from_settings(models_dir, settings)
+    engine.prepare(0)  # as the service's warm-up does: INT8 is settled there
     decoder = Decoder.from_settings(settings)
     decoder.start()
     return Pipeline(decoder, engine, quality=settings.jpeg_quality)

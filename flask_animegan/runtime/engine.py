@@ -78,11 +78,12 @@ class InferenceEngine:
                  queue_timeout: float, precision: str, backend: str = "auto",
                  model_cache_dir: Path | None = None, threads: int | None = None,
                  events: EngineEvents | None = None,
-                 shipped_dir: Path | None = SHIPPED_STYLES_DIR) -> None:
+                 shipped_dir: Path | None = SHIPPED_STYLES_DIR, pad_multiple: int = 1) -> None:
         self.registry = StyleRegistry(models_dir, catalog, default_style,
                                       shipped_dir=shipped_dir)
         self.requested_backend = backend
         self.requested_precision = precision
+        self.pad_multiple = pad_multiple
         self._model_cache_dir = model_cache_dir
         self._threads = threads
         # opened on first use (the warm-up): importing openvino is not for every `flask` command
@@ -140,7 +141,7 @@ class InferenceEngine:
                    max_loaded=settings.max_loaded_styles, max_queue=settings.max_queue,
                    queue_timeout=settings.queue_timeout, precision=settings.precision,
                    backend=settings.backend, model_cache_dir=model_cache_dir(settings),
-                   events=events,
+                   events=events, pad_multiple=settings.pad_multiple,
                    shipped_dir=SHIPPED_STYLES_DIR if settings.shipped_styles else None)
 
     # -- styles (the registry's) ---------------------------------------------------
@@ -390,14 +391,20 @@ class InferenceEngine:
             pass  # busy after all: the next idle moment will do
 
     def forward(self, runner: Runner, pixels: np.ndarray) -> np.ndarray:
-        """Run ``runner`` on uint8 (H, W, 3) pixels, edge-padding sides under MIN_SIDE and
-        cropping back. Returns float32 (H, W, 3) in about [-1, 1]."""
+        """Run ``runner`` on uint8 (H, W, 3) pixels, edge-padding sides under MIN_SIDE,
+        then reflect-padding both sides to a multiple of ``pad_multiple``
+        (ANIMEGAN_PAD_MULTIPLE), and cropping back. Returns float32 (H, W, 3) in about
+        [-1, 1]."""
         height, width = pixels.shape[:2]
         pad_h, pad_w = max(0, MIN_SIDE - height), max(0, MIN_SIDE - width)
         if pad_h or pad_w:
             pixels = np.pad(pixels, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+        multiple = self.pad_multiple
+        more_h, more_w = -pixels.shape[0] % multiple, -pixels.shape[1] % multiple
+        if more_h or more_w:
+            pixels = np.pad(pixels, ((0, more_h), (0, more_w), (0, 0)), mode="reflect")
         out = runner(pixels)
-        return out[:height, :width] if pad_h or pad_w else out
+        return out[:height, :width] if out.shape[:2] != (height, width) else out
 
     def status(self) -> dict[str, Any]:
         loaded = self.pool.loaded_styles()
@@ -408,6 +415,7 @@ class InferenceEngine:
             "loaded": self.pool.loaded,
             "broken": self.pool.broken(),
             "torch_threads": torch.get_num_threads(),
+            "pad_multiple": self.pad_multiple,
             "torch_interop_threads": torch.get_num_interop_threads(),
             "backend": self.backend,
             "precision": self.precision,
