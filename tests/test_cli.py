@@ -15,7 +15,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -436,23 +435,26 @@ def run_cli(models: Path, work: Path, *args: str, prefix: Sequence[str] = (),
     ``prefix``), killed (and the test failed) after ``timeout`` seconds; its output and
     HOME in ``work``."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("ANIMEGAN_")}
+    peak = work / "own-peak"
     env.update(CLI_ENV, PYTHONPATH=str(REPO), HOME=str(work), ANIMEGAN_MODELS_DIR=str(models),
-               ANIMEGAN_MODEL_CACHE_DIR=str(work / "model-cache"))
+               ANIMEGAN_MODEL_CACHE_DIR=str(work / "model-cache"), OWN_PEAK_FILE=str(peak))
     with open(work / "stdout", "w+") as stdout, open(work / "stderr", "w+") as stderr:
-        process = subprocess.Popen([*prefix, sys.executable, "-m", "flask", "--app",
-                                    "example_app", "animegan", *args], stdout=stdout,
-                                   stderr=stderr, stdin=subprocess.DEVNULL, env=env, cwd=REPO)
-        killer = threading.Timer(timeout, process.kill)
-        killer.start()
+        # its own peak memory (own_peak.py: not ru_maxrss, which carries pytest's)
+        process = subprocess.Popen([*prefix, sys.executable, str(REPO / "tests" / "own_peak.py"),
+                                    "flask", "--app", "example_app", "animegan", *args],
+                                   stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                   env=env, cwd=REPO)
         try:
-            _, status, usage = os.wait4(process.pid, 0)  # its own peak memory
-        finally:
-            killer.cancel()
-        process.returncode = os.waitstatus_to_exitcode(status)
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         stdout.seek(0)
         stderr.seek(0)
-        run = Run(process.returncode, stdout.read(), stderr.read(), usage.ru_maxrss * 1024)
+        run = Run(process.returncode, stdout.read(), stderr.read(),
+                  int(peak.read_text()) if peak.exists() else 0)
     assert process.returncode != -signal.SIGKILL, f"hung for {timeout} s:\n{run.stderr}"
+    assert run.peak_rss > 0, f"the command did not report its peak memory:\n{run.stderr}"
     return run
 
 
