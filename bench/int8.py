@@ -314,8 +314,9 @@ def side_by_side(path: str, network: Any, model: Any, models: Models) -> None:
     for name, photo in zip(SHEET_PHOTOS, skimage_photos(SHEET_PHOTOS, 512)):
         fp32, eight = to_pixels(reference(photo)), to_pixels(quantised(photo))
         assert fp32 is not None and eight is not None
-        difference = np.clip(128 + 8 * (eight.astype(np.int16) - fp32), 0, 255).astype(np.uint8)
-        worst = np.abs(eight.astype(np.int16) - fp32).max()
+        signed = eight.astype(np.int16) - fp32
+        difference = np.clip(128 + 8 * signed, 0, 255).astype(np.uint8)
+        worst = np.abs(signed).max()
         print(f"- {name} {photo.shape[1]}x{photo.shape[0]}: {fidelity.psnr(fp32, eight):.1f} dB, "
               f"largest difference {worst} levels")
         rows.append(np.concatenate([photo, fp32, eight, difference], axis=1))

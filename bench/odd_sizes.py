@@ -27,6 +27,7 @@ from flask_animegan.process import configure_process
 from flask_animegan.runtime.backends import fidelity
 from flask_animegan.runtime.backends.base import to_pixels
 from flask_animegan.runtime.backends.torch import TorchRunner
+from flask_animegan.runtime.engine import padded_to_multiple
 from flask_animegan.runtime.precision import native_bf16
 from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
 from flask_animegan.runtime.weights import load_generator
@@ -44,14 +45,10 @@ ALIGNMENTS = (1, 4, 8, 16, 32)
 def padded(run: Callable[[np.ndarray], np.ndarray], align: int
            ) -> Callable[[np.ndarray], np.ndarray]:
     """``run`` on ``pixels`` reflect-padded at the bottom and right to a multiple of
-    ``align``, cropped back."""
+    ``align``, cropped back, as the engine does (ANIMEGAN_PAD_MULTIPLE)."""
     def call(pixels: np.ndarray) -> np.ndarray:
         height, width = pixels.shape[:2]
-        pad_h, pad_w = -height % align, -width % align
-        if not pad_h and not pad_w:
-            return run(pixels)
-        big = np.pad(pixels, ((0, pad_h), (0, pad_w), (0, 0)), mode="reflect")
-        return run(big)[:height, :width]
+        return run(padded_to_multiple(pixels, align))[:height, :width]
     return call
 
 

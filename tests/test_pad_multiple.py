@@ -10,6 +10,7 @@ from conftest import convert, open_image, photo_bytes
 
 from flask_animegan import get_service
 from flask_animegan.config import Settings
+from flask_animegan.runtime.backends.base import to_pixels
 from flask_animegan.runtime.backends.fidelity import psnr
 from flask_animegan.runtime.backends.torch import TorchRunner
 from flask_animegan.runtime.engine import InferenceEngine
@@ -59,14 +60,14 @@ def test_the_network_sees_the_padded_shape_and_the_result_is_cropped_back(multip
 def test_padding_a_side_that_is_a_multiple_of_4_keeps_the_picture(multiple):
     """300 x 200 padded to 304 x 200 (8) or 304 x 208 (16): the network's geometry is the
     same, only GroupNorm's statistics take the reflected rows in; close to the unpadded
-    result (48 and 41 dB), never equal; the more rows, the further (320 x 224: 37 dB). (A side that is no multiple of 4 changes the geometry of the
-    network's upsampling: 23-33 dB, docs/benchmark.md.)"""
+    result (48 and 41 dB), never equal; the more rows, the further (320 x 224: 37 dB).
+    (A side that is no multiple of 4 changes the geometry of the network's upsampling:
+    23-33 dB, docs/benchmark.md.)"""
     photo = np.array(open_image(photo_bytes("coffee")).resize((300, 200)))
-    plain = engine(1).forward(Seen(), photo)
-    padded = engine(multiple).forward(Seen(), photo)
-    as_pixels = [np.clip((out + 1) * 127.5, 0, 255).round().astype(np.uint8)
-                 for out in (plain, padded)]
-    assert 40 <= psnr(*as_pixels) < 90
+    plain = to_pixels(engine(1).forward(Seen(), photo))
+    padded = to_pixels(engine(multiple).forward(Seen(), photo))
+    assert plain is not None and padded is not None
+    assert 40 <= psnr(plain, padded) < 90
 
 
 def test_the_setting_reaches_the_served_picture(make_app):

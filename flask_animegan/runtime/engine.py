@@ -399,11 +399,7 @@ class InferenceEngine:
         pad_h, pad_w = max(0, MIN_SIDE - height), max(0, MIN_SIDE - width)
         if pad_h or pad_w:
             pixels = np.pad(pixels, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
-        multiple = self.pad_multiple
-        more_h, more_w = -pixels.shape[0] % multiple, -pixels.shape[1] % multiple
-        if more_h or more_w:
-            pixels = np.pad(pixels, ((0, more_h), (0, more_w), (0, 0)), mode="reflect")
-        out = runner(pixels)
+        out = runner(padded_to_multiple(pixels, self.pad_multiple))
         return out[:height, :width] if out.shape[:2] != (height, width) else out
 
     def status(self) -> dict[str, Any]:
@@ -415,10 +411,10 @@ class InferenceEngine:
             "loaded": self.pool.loaded,
             "broken": self.pool.broken(),
             "torch_threads": torch.get_num_threads(),
-            "pad_multiple": self.pad_multiple,
             "torch_interop_threads": torch.get_num_interop_threads(),
             "backend": self.backend,
             "precision": self.precision,
+            "pad_multiple": self.pad_multiple,
             "backend_requested": self.requested_backend,
             "backends_available": list(self.backends),
             "backends_missing": self.missing_backends,
@@ -432,6 +428,15 @@ class InferenceEngine:
             **({"openvino": openvino.status()} if openvino is not None else {}),
             **self.gate.status(),
         }
+
+
+def padded_to_multiple(pixels: np.ndarray, multiple: int) -> np.ndarray:
+    """uint8 (H, W, 3) ``pixels`` reflect-padded at the bottom and right to sides that are
+    multiples of ``multiple`` (the same array when they are already)."""
+    more_h, more_w = -pixels.shape[0] % multiple, -pixels.shape[1] % multiple
+    if not more_h and not more_w:
+        return pixels
+    return np.pad(pixels, ((0, more_h), (0, more_w), (0, 0)), mode="reflect")
 
 
 def _give_back_memory(runner: Runner) -> None:
