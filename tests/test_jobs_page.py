@@ -18,7 +18,13 @@ import pytest
 from conftest import need
 from media import gif_from_photos, video_clip
 from servers import Server
-from test_browser import CHROMEDRIVER, CHROMIUM, browser, shipped_toon_demo  # noqa: F401
+from test_browser import (  # noqa: F401
+    CHROMEDRIVER,
+    CHROMIUM,
+    browser,
+    shipped_toon_demo,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.server, pytest.mark.browser]
 
@@ -144,7 +150,9 @@ def test_without_javascript_the_job_page_refreshes_until_the_result(
     driver.get(f"{server.url}/animegan/")
     driver.find_element("id", "animegan-image").send_keys(str(media_files["gif"]))
     driver.find_element("id", "animegan-submit").click()
-    assert "/animegan/jobs/" in driver.current_url and driver.current_url.endswith("/page")
+    # the form's POST is a navigation: the click may return before the job page is there
+    wait_for(lambda: "/animegan/jobs/" in driver.current_url, what="the job page")
+    assert driver.current_url.endswith("/page"), driver.current_url
     screenshot(driver, tmp_path, "job-no-js-progress.png")
     first = status_text(driver)
     stop = time.monotonic() + WAIT
