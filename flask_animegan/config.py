@@ -234,7 +234,8 @@ class Settings:
     max_output_side: int | None = _setting(
         None, int,
         'Largest long side a photo may ask for, in pixels; unset: ANIMEGAN_MAX_SIDE. '
-        'Sizes above ANIMEGAN_MAX_SIDE run in overlapping tiles in bounded memory '
+        'Sizes above ANIMEGAN_MAX_SIDE (and above 512 px, which the tiles\' statistics '
+        'pass runs whole anyway) run in overlapping tiles in bounded memory '
         '(docs/large-photos.md) and cost (size / ANIMEGAN_MAX_SIDE)^2 conversions of '
         'the rate limit, at most its whole window. Animations and videos stay within '
         'ANIMEGAN_MAX_SIDE.',

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image
@@ -25,7 +26,8 @@ from .inputs.isolation import Decoder
 from .runtime.catalog import StyleInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .cache import NearDuplicateCache
+    from .cache import CachedResult, NearDuplicateCache
+    from .cache.near_duplicate import Lookup
     from .cache.fingerprint import Fingerprint
     from .runtime.engine import InferenceEngine
 
@@ -74,10 +76,20 @@ class Conversion:
     size: tuple[int, int]
     cache_hit: bool
     face_crop: bool  # the centre square was converted (a face style without portrait mode)
-    input_image: Image.Image  # the decoded, fitted input (what the network saw)
     faces: int | None = None  # faces found and converted in portrait mode; None: not run
     colors: str = "off"
     timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
+    #: the decoded, fitted input (what the network saw); a file sent again is answered
+    #: from the cache undecoded, and decoded only if this is asked for (the form's page)
+    input_image: Image.Image | None = field(default=None, repr=False)
+    input_loader: Callable[[], Image.Image] | None = field(default=None, repr=False)
+
+    def input(self) -> Image.Image:
+        """The decoded, fitted input (decoding it now if the result came undecoded)."""
+        if self.input_image is None:
+            assert self.input_loader is not None
+            self.input_image = self.input_loader()
+        return self.input_image
 
 
 class _Laps:
@@ -114,20 +126,30 @@ class Pipeline:
 
         With a cache, a near-identical input converted before within ``scope`` (None:
         shared by everyone) with the same options reuses that result instead of running
-        the network.
+        the network; the very same file sent again reuses it before it is even decoded.
         """
         lap = _Laps()
         portrait = options.portrait_for(style)
         square = style.face and portrait == "off"
+        namespace = (scope, style.name, size, fmt, options.colors, portrait)
+        lookup: Lookup | None = None
+        upload = b""
+        if self.cache is not None:
+            upload = self.cache.upload_digest(data)
+            lookup = self.cache.lookup(namespace)
+            again = lookup.same_upload(upload)
+            lap("lookup")
+            if again is not None:
+                return self._sent_again(data, again, style, size, fmt, square, options,
+                                        lap.timings)
         decoded = self.decoder.decode(data, size=size, square=square)
         fitted = decoded.image  # what the network sees
         lap("decode")
-        namespace = (scope, style.name, size, fmt, options.colors, portrait)
         encoded: bytes | None = None
         faces: int | None = None
-        if self.cache is not None:
-            fingerprint = self.cache.fingerprint(fitted)
-            cached = self._from_cache(namespace, fingerprint, fitted.size)
+        if lookup is not None:
+            fingerprint = lookup.cache.fingerprint(fitted)
+            cached = self._from_cache(lookup, fmt, fingerprint, fitted.size)
             if cached is not None:
                 encoded, faces = cached
             lap("cache")
@@ -147,12 +169,32 @@ class Pipeline:
             lap("infer")
             encoded = encode(result, fmt, self.quality)
             lap("encode")
-            if self.cache is not None:
-                self.cache.put(namespace, fingerprint, encoded, looked_up,
-                               -1 if faces is None else faces)
+            if lookup is not None:
+                lookup.cache.put(namespace, fingerprint, encoded, looked_up,
+                               -1 if faces is None else faces, upload=upload)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
                           cache_hit=hit, face_crop=square, input_image=fitted,
                           timings=lap.timings, faces=faces, colors=options.colors)
+
+    def _sent_again(self, data: bytes, cached: CachedResult, style: StyleInfo, size: int,
+                    fmt: str, square: bool, options: Options,
+                    timings: dict[str, float]) -> Conversion:
+        """The conversion of a file converted before (the same bytes), from its cached
+        result: what the miss said of it, its input decoded only if someone asks."""
+        faces = None if cached.faces < 0 else cached.faces
+        # a face style whose portrait mode found no face converted the centre square
+        square = square or (style.face and faces == 0)
+        out_size = cached.size
+        if square:
+            with Image.open(io.BytesIO(cached.data)) as stored:
+                out_size = stored.size
+
+        def input_image() -> Image.Image:
+            return self.decoder.decode(data, size=size, square=square).image
+
+        return Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
+                          cache_hit=True, face_crop=square, input_loader=input_image,
+                          timings=timings, faces=faces, colors=options.colors)
 
     def _run(self, picture: Image.Image, style: str, colors: str) -> Image.Image:
         """The network on ``picture`` (in tiles if larger than ``tile_above``), its colours
@@ -187,13 +229,12 @@ class Pipeline:
         scene = self._run(picture, scene_style, colors)
         return paste_faces(picture, found, scene, convert_face), len(found)
 
-    def _from_cache(self, namespace: tuple[Any, ...], fingerprint: Fingerprint,
+    def _from_cache(self, lookup: Lookup, fmt: str, fingerprint: Fingerprint,
                     size: tuple[int, int]) -> tuple[bytes, int | None] | None:
         """The cached result for this input and its faces (None: portrait mode did not
         run), resized to ``size`` if it was sent at a slightly different size; None on
         a miss."""
-        assert self.cache is not None
-        cached = self.cache.get(namespace, fingerprint)
+        cached = lookup.same_photo(fingerprint)
         if cached is None:
             return None
         faces = None if cached.faces < 0 else cached.faces
@@ -203,7 +244,7 @@ class Pipeline:
             if stored.size != cached.size:  # not the picture's shape: the faces, a square
                 return cached.data, faces
             result = stored.convert("RGB").resize(size, Image.Resampling.LANCZOS)
-        return encode(result, namespace[3], self.quality), faces
+        return encode(result, fmt, self.quality), faces
 
     def convert_image(self, image: Image.Image, style: StyleInfo, size: int,
                       options: Options = Options()) -> Image.Image:

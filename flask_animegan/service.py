@@ -25,6 +25,7 @@ from .metrics import Metrics
 from .inputs.colors import COLOR_MODES
 from .pipeline import PORTRAIT_MODES, Conversion, Options, PortraitSettings, Pipeline
 from .runtime.admission import Admission
+from .runtime import tiles
 from .runtime.engine import MIN_SIDE, InferenceEngine
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,7 +66,9 @@ class AnimeGANService:
         #: None for a service made without them
         self.jobs = jobs
         self.pipeline = Pipeline(decoder, engine, quality=settings.jpeg_quality, cache=cache,
-                                 tile_above=settings.max_side,
+                                 # at most STATS_SIDE, the tiles' first pass would
+                                 # run the picture whole: tiles would save no memory
+                                 tile_above=max(settings.max_side, tiles.STATS_SIDE),
                                  portrait=PortraitSettings(settings.portrait_scene_style,
                                                            settings.portrait_min_face,
                                                            settings.portrait_max_faces))

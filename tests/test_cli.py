@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -339,36 +340,65 @@ PLACEMENTS = [(kind, "in a folder") for kind in BAD_ENTRIES] + [
     if kind != "folder named x.jpg"]
 
 
-@pytest.mark.parametrize(("kind", "placement"), PLACEMENTS)
-def test_convert_refuses_a_bad_entry_on_one_line_and_goes_on(app: Flask, models_dir: Path,
-                                                             tmp_path: Path, kind: str,
-                                                             placement: str) -> None:
-    folder, out = tmp_path / "in", tmp_path / "out"
-    folder.mkdir()
-    (folder / "chelsea.jpg").write_bytes(photo_bytes("chelsea"))
-    bad, reason = {**BAD_ENTRIES, **ARGUMENT_ONLY}[kind](folder)
-    refused = [bad] + ([folder / "loop2.jpg"] if kind == "symlink loop" else [])
-    args = [str(folder)] if placement == "in a folder" else [str(folder / "chelsea.jpg"),
-                                                             str(bad)]
-    if placement == "as an argument":
-        refused = [bad]
-    args += ["-o", str(out), "--size", str(SIZE)]
-    if kind in UNBOUNDED:  # a regression would hang or fill memory: not in this process
-        run = run_cli(models_dir, tmp_path, "convert", *args, timeout=120)
-        assert run.peak_rss < 2**31, "the entry was read whole"
-        result = SimpleNamespace(exit_code=run.code, output=run.stdout + run.stderr,
-                                 stdout=run.stdout, stderr=run.stderr)
-    else:
-        result = invoke(app, "convert", *args)
+def _bad_entries(folder: Path, kinds: list[str], placement: str) -> dict[Path, str]:
+    """Each kind of bad entry made in ``folder``: the paths refused -> the reason given."""
+    made: dict[Path, str] = {}
+    for kind in kinds:
+        bad, reason = {**BAD_ENTRIES, **ARGUMENT_ONLY}[kind](folder)
+        made[bad] = reason
+        if kind == "symlink loop" and placement == "in a folder":
+            made[folder / "loop2.jpg"] = reason
+    return made
+
+
+def _refused_on_one_line_each_and_went_on(result: Any, refused: dict[Path, str],
+                                          out: Path) -> None:
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     lines = refusals(result.stderr)
     assert sorted(line.split(": refused: ")[0] for line in lines) == sorted(map(str, refused))
-    assert reason in next(line for line in lines if line.startswith(f"{bad}: ")), lines
+    for bad, reason in refused.items():
+        assert reason in next(line for line in lines if line.startswith(f"{bad}: ")), lines
     assert (f"converted 1, skipped 0 already converted, failed {len(refused)} "
             f"({len(refused)} of them refused unread); output in {out}") in result.stdout
     assert sorted(out.iterdir()) == [out / "chelsea.other_style.jpeg"]
     assert_converted(out / "chelsea.other_style.jpeg", "chelsea", "JPEG")
+
+
+@pytest.mark.parametrize(("kind", "placement"),
+                         [(kind, place) for kind, place in PLACEMENTS if kind not in UNBOUNDED])
+def test_convert_refuses_a_bad_entry_on_one_line_and_goes_on(app: Flask, tmp_path: Path,
+                                                             kind: str,
+                                                             placement: str) -> None:
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    (folder / "chelsea.jpg").write_bytes(photo_bytes("chelsea"))
+    refused = _bad_entries(folder, [kind], placement)
+    args = [str(folder)] if placement == "in a folder" else [str(folder / "chelsea.jpg"),
+                                                             *map(str, refused)]
+    result = invoke(app, "convert", *args, "-o", str(out), "--size", str(SIZE))
+    _refused_on_one_line_each_and_went_on(result, refused, out)
+
+
+@pytest.mark.parametrize("placement", ["in a folder", "as an argument"])
+def test_convert_refuses_the_entries_that_once_hung_or_were_read_whole(
+        models_dir: Path, tmp_path: Path, placement: str) -> None:
+    """The FIFO, the symlink to /dev/zero and the 3 GiB sparse file together, in a
+    process of their own (a regression would hang or fill memory), with a timeout and
+    its peak memory: each refused unread on its own line, the photo beside them
+    converted."""
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    (folder / "chelsea.jpg").write_bytes(photo_bytes("chelsea"))
+    refused = _bad_entries(folder, sorted(UNBOUNDED), placement)
+    args = [str(folder)] if placement == "in a folder" else [str(folder / "chelsea.jpg"),
+                                                             *map(str, refused)]
+    run = run_cli(models_dir, tmp_path, "convert", *args, "-o", str(out), "--size", str(SIZE),
+                  timeout=120)
+    assert run.peak_rss < 2**31, "an entry was read whole"
+    result = SimpleNamespace(exit_code=run.code, output=run.stdout + run.stderr,
+                             stdout=run.stdout, stderr=run.stderr)
+    _refused_on_one_line_each_and_went_on(result, refused, out)
 
 
 def test_convert_follows_an_input_symlink_to_a_photo(app: Flask, tmp_path: Path) -> None:

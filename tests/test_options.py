@@ -49,10 +49,12 @@ def face_models(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 @pytest.fixture(scope="module")
 def face_app(face_models, models_dir, openvino_cache):
-    from conftest import build_app
+    from conftest import OwnAddressClient, build_app
 
-    return build_app(models_dir, openvino_cache, ANIMEGAN_MODELS_DIR=str(face_models),
-                     ANIMEGAN_DEFAULT_STYLE="test_style", ANIMEGAN_MAX_SIDE=SIDE)
+    app = build_app(models_dir, openvino_cache, ANIMEGAN_MODELS_DIR=str(face_models),
+                    ANIMEGAN_DEFAULT_STYLE="test_style", ANIMEGAN_MAX_SIDE=SIDE)
+    app.test_client_class = OwnAddressClient  # no cached result passes between tests
+    return app
 
 
 @pytest.fixture
@@ -244,3 +246,42 @@ def test_a_scene_style_that_is_not_installed_stops_the_app_at_start(make_app, fa
 def test_portrait_settings_fail_closed(make_app, key, value):
     with pytest.raises(RuntimeError, match=key):
         make_app(**{key: value})
+
+
+# -- a file sent again ---------------------------------------------------------------------
+@pytest.mark.parametrize("style, picture, portrait", [
+    ("test_style", "group", "off"), ("celeba_distill", "group", "on"),
+    ("celeba_distill", "coffee", "on"),  # no face: the centre square
+    ("celeba_distill", "coffee", "off")])
+def test_a_file_sent_again_answers_what_its_first_conversion_did_undecoded(
+        client, style, picture, portrait):
+    """Each way a picture is converted: the same bytes again are answered from the cache
+    before any decode (no ``decode`` stage), with the first answer's picture and
+    headers."""
+    said = ("X-AnimeGAN-Style", "X-AnimeGAN-Face-Crop", "X-AnimeGAN-Colors", "X-Faces",
+            "Content-Type")
+    data = encode_image(group_photo(1) if picture == "group" else photo(picture), quality=90)
+    query = f"?style={style}&portrait={portrait}&colors=keep"
+    first, again = convert(client, data, query), convert(client, data, query)
+    assert first.status_code == again.status_code == 200, first.json
+    assert (first.headers["X-Cache"], again.headers["X-Cache"]) == ("MISS", "HIT")
+    assert "decode;" in first.headers["Server-Timing"]
+    assert "decode;" not in again.headers["Server-Timing"]
+    assert again.data == first.data
+    assert [again.headers.get(h) for h in said] == [first.headers.get(h) for h in said]
+
+
+def test_the_form_shows_the_input_of_a_file_sent_again(client):
+    """The result page of a file answered undecoded from the cache still shows its input:
+    decoded then, for the page, as its first conversion's page showed it."""
+    data = encode_image(photo("coffee"), quality=90)
+    pages = []
+    for _ in range(2):
+        response = client.post("/animegan/upload", data={
+            "image": (io.BytesIO(data), "coffee.jpg"), "style": "celeba_distill"})
+        assert response.status_code == 303
+        page = response.headers["Location"]
+        assert "No face was found: the centre square" in client.get(page).get_data(as_text=True)
+        pages.append([client.get(f"{page}/{kind}").data for kind in ("original", "anime")])
+    assert pages[0] == pages[1]
+    assert open_image(pages[1][0]).size == open_image(pages[1][1]).size == (SIDE, SIDE)

@@ -26,6 +26,11 @@ from flask_animegan.portrait import (
 from flask_animegan.portrait.blend import seam_ratio
 
 
+#: The detector measured over the generated corpus (docs/portrait.md's figures): building
+#: it and finding its faces takes about 35 s on 2 cores, so these run with the slow ones.
+corpus_measure = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def pictures():
     return corpus(24)
@@ -36,12 +41,14 @@ def found(pictures):
     return [find_faces(p.image, min_size=48) for p in pictures]
 
 
+@corpus_measure
 def test_recall_of_faces_of_80_px_or_more_is_at_least_0_9_at_iou_0_6(pictures, found):
     figures = score(pictures, [[f.box for f in faces] for faces in found])
     assert figures["faces"] >= 30, "the corpus holds too few faces of 80 px or more to judge"
     assert figures["recall"] >= 0.9, figures
 
 
+@corpus_measure
 def test_at_most_0_1_false_faces_per_picture(pictures, found):
     free = face_free_photos()
     false_on_free = sum(len(find_faces(image, min_size=48)) for image in free.values())
@@ -49,6 +56,7 @@ def test_at_most_0_1_false_faces_per_picture(pictures, found):
     assert score(pictures, [[f.box for f in faces] for faces in found])["false_per_picture"] <= 0.1
 
 
+@corpus_measure
 def test_the_roll_and_eyes_follow_the_face(pictures, found):
     """A matched face's roll is within 8 degrees of the pasted one, its eyes level with it."""
     errors = []
@@ -60,6 +68,7 @@ def test_the_roll_and_eyes_follow_the_face(pictures, found):
     assert errors and float(np.median(errors)) < 8, errors
 
 
+@corpus_measure
 def test_faces_below_the_minimum_are_skipped(pictures):
     for picture in pictures[:4]:
         assert all(f.box[2] >= 200 for f in find_faces(picture.image, min_size=200))
@@ -73,6 +82,7 @@ def test_flat_black_tiny_and_odd_pictures_give_no_face_and_no_crash():
         assert find_faces(image, min_size=48) == []
 
 
+@pytest.mark.slow  # a 4000 x 3000 picture
 def test_work_is_bounded_on_a_large_crowded_picture():
     """A 4000-px picture tiled with 36 faces: the search runs on a scaled copy, at most
     MAX_FACES come back, in seconds rather than minutes."""

@@ -111,9 +111,9 @@ def test_a_network_whose_output_is_not_finite_gives_none():
 
 
 # -- through the API ------------------------------------------------------------------
-def test_sizes_above_max_side_run_in_tiles_up_to_max_output_side(make_app, monkeypatch):
-    monkeypatch.setattr(tiles, "TILE", 64)  # several tiles at these small sizes
-    calls = []
+def count_tiled_runs(monkeypatch) -> list[tuple[int, ...]]:
+    """The shapes of the pictures the engine runs in tiles, from now on."""
+    calls: list[tuple[int, ...]] = []
     real = tiles.run_tiled
 
     def counted(*args, **kwargs):
@@ -121,7 +121,35 @@ def test_sizes_above_max_side_run_in_tiles_up_to_max_output_side(make_app, monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr("flask_animegan.runtime.engine.run_tiled", counted)
-    app = make_app(ANIMEGAN_MAX_SIDE=96, ANIMEGAN_MAX_OUTPUT_SIDE=200)
+    return calls
+
+
+def small_tiles_app(make_app, monkeypatch, **config):
+    """An app that tiles pictures above ANIMEGAN_MAX_SIDE even within STATS_SIDE (which
+    still measures the statistics), so that tiles are tested at small sizes."""
+    with monkeypatch.context() as patch:
+        patch.setattr(tiles, "STATS_SIDE", 16)
+        return make_app(**config)
+
+
+def test_a_picture_the_statistics_pass_runs_whole_is_never_tiled(make_app, monkeypatch):
+    """Above ANIMEGAN_MAX_SIDE but within STATS_SIDE (512), tiles would save no memory: the
+    picture runs whole, as with a larger ANIMEGAN_MAX_SIDE."""
+    calls = count_tiled_runs(monkeypatch)
+    upload = encode_image(photo("astronaut").resize((400, 300)), "PNG")
+    with make_app(ANIMEGAN_MAX_SIDE=96, ANIMEGAN_MAX_OUTPUT_SIDE=200).test_client() as client:
+        small_max_side = convert(client, upload, "?size=200&format=png")
+    with make_app(ANIMEGAN_MAX_SIDE=200).test_client() as client:
+        whole = convert(client, upload, "?size=200&format=png")
+    assert small_max_side.status_code == whole.status_code == 200
+    assert calls == [] and small_max_side.data == whole.data
+
+
+def test_sizes_above_max_side_run_in_tiles_up_to_max_output_side(make_app, monkeypatch):
+    monkeypatch.setattr(tiles, "TILE", 64)  # several tiles at these small sizes
+    calls = count_tiled_runs(monkeypatch)
+    app = small_tiles_app(make_app, monkeypatch, ANIMEGAN_MAX_SIDE=96,
+                          ANIMEGAN_MAX_OUTPUT_SIDE=200)
     upload = encode_image(photo("astronaut").resize((400, 300)), "PNG")
     with app.test_client() as client:
         response = convert(client, upload, "?size=200&format=png")
@@ -149,7 +177,8 @@ def test_without_max_output_side_the_largest_size_is_max_side(make_app):
 
 def test_the_service_converts_large_sizes_in_tiles(make_app, monkeypatch):
     monkeypatch.setattr(tiles, "TILE", 64)
-    app = make_app(ANIMEGAN_MAX_SIDE=64, ANIMEGAN_MAX_OUTPUT_SIDE=160)
+    app = small_tiles_app(make_app, monkeypatch, ANIMEGAN_MAX_SIDE=64,
+                          ANIMEGAN_MAX_OUTPUT_SIDE=160)
     service = app.extensions["animegan"]
     with app.app_context():
         out = service.convert(photo("coffee"), size=160, colors="keep")
@@ -159,7 +188,8 @@ def test_the_service_converts_large_sizes_in_tiles(make_app, monkeypatch):
 
 def test_the_cli_converts_photos_up_to_max_output_side(make_app, monkeypatch, tmp_path):
     monkeypatch.setattr(tiles, "TILE", 64)
-    app = make_app(ANIMEGAN_MAX_SIDE=64, ANIMEGAN_MAX_OUTPUT_SIDE=128)
+    app = small_tiles_app(make_app, monkeypatch, ANIMEGAN_MAX_SIDE=64,
+                          ANIMEGAN_MAX_OUTPUT_SIDE=128)
     source = tmp_path / "cat.png"
     photo().resize((300, 200)).save(source)
     out = tmp_path / "out"

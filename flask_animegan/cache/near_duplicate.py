@@ -2,8 +2,12 @@
 
 "The same photo" is one rule, :meth:`Fingerprint.same_photo` (stated in
 docs/http-api.md), checked against what each entry keeps of its input: a
-:class:`~flask_animegan.cache.fingerprint.Fingerprint` of a few KiB, never the upload or
-its pixels.
+:class:`~flask_animegan.cache.fingerprint.Fingerprint` of a few KiB and a keyed digest of
+the upload's bytes, never the upload or its pixels. The digest is a shortcut the rule
+already allows: the same bytes decode to the same fitted input, whose fingerprint is
+always the same photo as itself, so an upload sent again is answered from the index
+before it is decoded at all (:meth:`Lookup.same_upload`), and only an upload the index
+has not seen pays its decode and fingerprint (:meth:`Lookup.same_photo`).
 
 Entries live in a :mod:`flask_animegan.cache.storage` backend: an in-process
 ``MemoryStorage`` (a cachetools TLRU cache bounded by ANIMEGAN_CACHE_MAX_BYTES) or Redis,
@@ -15,15 +19,15 @@ so at most ``index_cap`` live entries, and every key has a TTL.
 Layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
 
 - ``index:<namespace digest>``: a list, newest first, of at most ``index_cap`` members;
-  a member is a 38-byte header (magic, creation time, the fitted input's width and
-  height, phash length, entry id),
-  the phash (32 bytes at hash_size 16) and the two cell grids (11,264 bytes): 11,334 bytes.
+  a member is a 54-byte header (magic, creation time, the fitted input's width and
+  height, phash length, entry id, upload digest),
+  the phash (32 bytes at hash_size 16) and the two cell grids (11,264 bytes): 11,350 bytes.
 - ``entry:<namespace digest>:<id>``: a 16-byte header (magic, width, height, length)
   and the result's bytes.
 
-Redis round trips: a lookup reads the index (at most ``index_cap`` members: 122 KiB at
-the default 11) and checks the rule on each; a miss ends there (1 round trip), a hit
-reads the chosen entry (2). Storing a result is one more (the entry and its index member
+Redis round trips: a lookup reads the index once (at most ``index_cap`` members: 122 KiB
+at the default 11), for the upload's digest and then, if need be, for the rule on each
+member; a miss ends there (1 round trip), a hit reads the chosen entry (2). Storing a result is one more (the entry and its index member
 in one MULTI/EXEC). Bytes per entry, measured with ``MEMORY USAGE`` on Redis 7
 (tests/test_storage.py, bench/cache_rule.py): its result rounded up to jemalloc's size
 class (up to +25 %, about +10 % on average) + about 130 bytes of key and header, plus
@@ -53,12 +57,12 @@ from .fingerprint import GRID_BYTES, Fingerprint
 from .storage import MemoryStorage, Storage
 
 # Little-endian throughout, so every instance reads what any other wrote.
-# magic, created (Unix time), width, height, phash bytes, entry id
-_MEMBER = struct.Struct("<4sdIIH16s")
-_MEMBER_MAGIC = b"AGF5"
+# magic, created (Unix time), width, height, phash bytes, entry id, upload digest
+_MEMBER = struct.Struct("<4sdIIH16s16s")
+_MEMBER_MAGIC = b"AGF6"
 _ENTRY = struct.Struct("<4sIIiI")  # magic, width, height, faces, length of the result
 _ENTRY_MAGIC = b"AGE4"
-#: Members a namespace's index keeps: a lookup reads at most 11 x 11,334 bytes (122 KiB).
+#: Members a namespace's index keeps: a lookup reads at most 11 x 11,350 bytes (122 KiB).
 INDEX_CAP = 11
 
 
@@ -68,6 +72,7 @@ class IndexMember(NamedTuple):
     created: float  # Unix time, comparable between instances
     entry_id: bytes  # 16 random bytes naming the entry's key
     fingerprint: Fingerprint
+    upload: bytes = bytes(16)  # the upload's keyed digest (NearDuplicateCache.upload_digest)
 
 
 def phash_bytes(hash_size: int) -> int:
@@ -80,7 +85,7 @@ def encode_member(member: IndexMember, hash_size: int) -> bytes:
     fp = member.fingerprint
     size = phash_bytes(hash_size)
     return b"".join((_MEMBER.pack(_MEMBER_MAGIC, member.created, *fp.size, size,
-                                  member.entry_id),
+                                  member.entry_id, member.upload),
                      fp.phash.to_bytes(size, "big"), fp.to_bytes()))
 
 
@@ -89,13 +94,14 @@ def decode_member(blob: bytes, hash_size: int) -> IndexMember | None:
     size = phash_bytes(hash_size)
     if not isinstance(blob, bytes) or len(blob) != _MEMBER.size + size + GRID_BYTES:
         return None
-    magic, created, width, height, stored_size, entry_id = _MEMBER.unpack_from(blob)
+    magic, created, width, height, stored_size, entry_id, upload = _MEMBER.unpack_from(blob)
     if (magic != _MEMBER_MAGIC or stored_size != size or not math.isfinite(created)
             or not (width > 0 and height > 0)):
         return None
     phash = int.from_bytes(blob[_MEMBER.size:_MEMBER.size + size], "big")
     luma, cells = Fingerprint.grids_from(blob, _MEMBER.size + size)
-    return IndexMember(created, entry_id, Fingerprint(phash, (width, height), luma, cells))
+    return IndexMember(created, entry_id, Fingerprint(phash, (width, height), luma, cells),
+                       upload)
 
 
 @dataclass(frozen=True)
@@ -153,20 +159,33 @@ class NearDuplicateCache:
         """The fingerprint of ``image``, the fitted input (what the network converts)."""
         return Fingerprint.of(image, self.hash_size)
 
+    def upload_digest(self, data: bytes) -> bytes:
+        """The upload's keyed digest (16 bytes), as members keep it: without the key (the
+        app's secret) it cannot be checked against a known photo."""
+        return hashlib.blake2b(data, key=self._key, digest_size=16).digest()
+
+    def lookup(self, namespace: tuple[object, ...]) -> Lookup:
+        """The namespace's live index, read once (one storage round trip), to ask about
+        an upload's digest and then, if need be, its fingerprint."""
+        digest = self._digest(namespace)
+        members: list[IndexMember] = []
+        if self.enabled:
+            oldest = time.time() - self.ttl  # the index outlives its older entries
+            for blob in self.storage.index(f"index:{digest}", self.index_cap):
+                member = decode_member(blob, self.hash_size)
+                if member is not None and member.created >= oldest:
+                    members.append(member)  # newest first
+        return Lookup(self, digest, members)
+
     def get(self, namespace: tuple[object, ...], fingerprint: Fingerprint) -> CachedResult | None:
         """The result of the same photo in ``namespace``, or ``None`` (a miss).
 
         One storage round trip for a miss (the namespace's index), two for a hit (and
         the chosen entry).
         """
-        if not self.enabled:
-            return None
-        digest = self._digest(namespace)
-        entry_id = self._match(fingerprint, self.storage.index(f"index:{digest}",
-                                                               self.index_cap))
-        found = None
-        if entry_id is not None:  # None if it expired or was evicted since: a miss
-            found = decode_entry(self.storage.get(f"entry:{digest}:{entry_id.hex()}"))
+        return self.lookup(namespace).same_photo(fingerprint)
+
+    def _count(self, found: CachedResult | None) -> CachedResult | None:
         with self._lock:
             if found is None:
                 self.misses += 1
@@ -174,29 +193,15 @@ class NearDuplicateCache:
                 self.hits += 1
         return found
 
-    def _match(self, fingerprint: Fingerprint, members: list[bytes]) -> bytes | None:
-        """The id of the closest live member that is the same photo, or ``None``."""
-        oldest = time.time() - self.ttl  # the index outlives its older entries
-        best: tuple[int, bytes] | None = None
-        for blob in members:  # newest first, so equal distances keep the newest
-            member = decode_member(blob, self.hash_size)
-            if member is None or member.created < oldest:
-                continue
-            if not fingerprint.same_photo(member.fingerprint, self.max_distance):
-                continue
-            distance = fingerprint.distance(member.fingerprint)
-            if best is None or distance < best[0]:
-                best = (distance, member.entry_id)
-        return best[1] if best is not None else None
-
     def put(self, namespace: tuple[object, ...], fingerprint: Fingerprint, data: bytes,
-            size: tuple[int, int], faces: int = -1) -> None:
+            size: tuple[int, int], faces: int = -1, upload: bytes = bytes(16)) -> None:
         """Keep ``data`` (``size`` pixels, ``faces`` converted in portrait mode) for the
-        same photo as ``fingerprint``: one round trip."""
+        same photo as ``fingerprint``, sent as the upload of digest ``upload``
+        (:meth:`upload_digest`): one round trip."""
         if not self.enabled:
             return
         digest = self._digest(namespace)
-        member = IndexMember(time.time(), secrets.token_bytes(16), fingerprint)
+        member = IndexMember(time.time(), secrets.token_bytes(16), fingerprint, upload)
         self.storage.set_indexed(f"entry:{digest}:{member.entry_id.hex()}",
                                  encode_entry(data, size, faces), index=f"index:{digest}",
                                  member=encode_member(member, self.hash_size),
@@ -213,3 +218,45 @@ class NearDuplicateCache:
         text = json.dumps(list(namespace), separators=(",", ":"), default=str)
         return hashlib.blake2b(text.encode(), key=self._key, digest_size=16).hexdigest()
 
+
+
+class Lookup:
+    """One namespace's live index members, read once, asked about one upload: first
+    :meth:`same_upload` (before decoding), then, if that missed, :meth:`same_photo`. A
+    lookup counts once in the cache's hits or misses: at its hit, or at ``same_photo``."""
+
+    def __init__(self, cache: NearDuplicateCache, digest: str,
+                 members: list[IndexMember]) -> None:
+        self.cache = cache
+        self.digest = digest
+        self.members = members  # live, newest first
+
+    def same_upload(self, upload: bytes) -> CachedResult | None:
+        """The newest result of an upload with the digest ``upload``, or ``None`` (not
+        counted as a miss: :meth:`same_photo` decides that)."""
+        if upload == bytes(16):  # a member stored without an upload's digest
+            return None
+        for member in self.members:
+            if secrets.compare_digest(member.upload, upload):
+                found = self._read(member.entry_id)
+                if found is not None:
+                    return self.cache._count(found)
+        return None
+
+    def same_photo(self, fingerprint: Fingerprint) -> CachedResult | None:
+        """The result of the closest live member that is the same photo (then the
+        newest), or ``None``: a miss."""
+        if not self.cache.enabled:
+            return None
+        best: tuple[int, bytes] | None = None
+        for member in self.members:  # newest first, so equal distances keep the newest
+            if not fingerprint.same_photo(member.fingerprint, self.cache.max_distance):
+                continue
+            distance = fingerprint.distance(member.fingerprint)
+            if best is None or distance < best[0]:
+                best = (distance, member.entry_id)
+        # None if the entry expired or was evicted since: a miss
+        return self.cache._count(self._read(best[1]) if best is not None else None)
+
+    def _read(self, entry_id: bytes) -> CachedResult | None:
+        return decode_entry(self.cache.storage.get(f"entry:{self.digest}:{entry_id.hex()}"))

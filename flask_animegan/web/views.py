@@ -502,7 +502,7 @@ def upload() -> BaseResponse:
     conversion = _convert_request()
     service = get_service()
     stored = StoredResult(
-        original=encode(conversion.input_image, "jpeg", service.quality),
+        original=encode(conversion.input(), "jpeg", service.quality),
         result=conversion.data, mimetype=conversion.mimetype, style=conversion.style,
         size=conversion.size, note=describe_options(conversion))
     token = service.results.add(stored)
