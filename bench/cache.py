@@ -1,4 +1,7 @@
-"""Section 5: what a cache hit costs against a miss, through ours with the cache on."""
+"""Section 5: what a cache hit costs against a miss, through ours with the cache on.
+
+Two kinds of hit: the same file sent again (answered from the index before any decode),
+and a re-encoded copy of the photo (decoded, fingerprinted and matched by the rule)."""
 
 from __future__ import annotations
 
@@ -32,23 +35,30 @@ def timed_post(url: str, data: bytes) -> tuple[float, str]:
 
 def measure(weights: Weights, image: Image.Image, *, size: int, repeats: int,
             log_dir: Path) -> dict[str, Any]:
-    """Per variant: a miss (JPEG q90), then a hit (the same photo re-encoded at q85)."""
+    """Per variant: a miss (JPEG q90), a hit by the same file sent again, and a hit by the
+    same photo re-encoded at q85."""
     env = ours_env(weights, ANIMEGAN_CACHE_TTL="3600")
-    misses, hits, headers = [], [], []
+    misses, again, copies, headers = [], [], [], []
     with servers.ours("ours-cache", env, log_dir) as server:
         url = f"{server.url}/animegan/convert?size={size}"
         timed_post(url, jpeg(VARIANTS[-1](image), 90))  # warm-up for this shape
         for variant in VARIANTS[:repeats]:
             photo = variant(image)
-            miss_s, miss_header = timed_post(url, jpeg(photo, 90))
-            hit_s, hit_header = timed_post(url, jpeg(photo, 85))
+            sent = jpeg(photo, 90)
+            miss_s, miss_header = timed_post(url, sent)
+            again_s, again_header = timed_post(url, sent)
+            copy_s, copy_header = timed_post(url, jpeg(photo, 85))
             misses.append(miss_s)
-            hits.append(hit_s)
-            headers.append((miss_header, hit_header))
+            again.append(again_s)
+            copies.append(copy_s)
+            headers.append((miss_header, again_header, copy_header))
         stats = server.health()["cache"]
     return {
-        "size": size, "repeats": len(misses), "miss_s": median(misses), "hit_s": median(hits),
-        "hit_vs_miss": ratio(median(hits), median(misses)),
-        "misses_confirmed": sum(m == "MISS" for m, _ in headers),
-        "hits_confirmed": sum(h == "HIT" for _, h in headers), "server_stats": stats,
+        "size": size, "repeats": len(misses), "miss_s": median(misses),
+        "hit_s": median(again), "copy_hit_s": median(copies),
+        "hit_vs_miss": ratio(median(again), median(misses)),
+        "copy_hit_vs_miss": ratio(median(copies), median(misses)),
+        "misses_confirmed": sum(m == "MISS" for m, _, _ in headers),
+        "hits_confirmed": sum(a == "HIT" for _, a, _ in headers),
+        "copy_hits_confirmed": sum(c == "HIT" for _, _, c in headers), "server_stats": stats,
     }

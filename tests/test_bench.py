@@ -54,6 +54,7 @@ def test_quick_bench_reports_every_section_and_both_baselines_answer(tmp_path):
         assert positive(ratios[key]), (key, ratios[key])
     assert positive(results["cache"]["hit_vs_miss"])
     assert results["cache"]["hits_confirmed"] >= 1
+    assert positive(results["cache"]["copy_hit_vs_miss"])
     assert positive(results["stages"]["non_inference_share"])
     assert results["memory"]["small_statuses"] == {"200": results["memory"]["warmup_requests"]
                                                    + results["memory"]["requests"]}

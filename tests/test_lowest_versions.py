@@ -82,7 +82,8 @@ def test_installing_the_wheel_keeps_a_sites_pins(lowest_python: Path,
 
 def test_the_flask_client_tests_pass_on_the_lowest_versions(lowest_python: Path) -> None:
     assert installed(lowest_python) == LOWEST
-    result = run(lowest_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CLIENT_TESTS,
+    result = run(lowest_python, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                 *CLIENT_TESTS,
                  cwd=REPO, env=clean_env(PYTHONPATH=str(REPO)), timeout=600)
     assert re.search(r"\d+ passed", result), result[-2000:]
 

@@ -185,8 +185,8 @@ def test_only_the_newest_entries_of_a_namespace_are_candidates(uri, astronaut):
 
 def corrupt_members(real: bytes) -> list[bytes]:
     """Index members that must be skipped: junk, truncated, altered, pickled, other sizes."""
-    return [b"", b"AGF5", b"\x00" * len(real), real[:-1], real + b"\x00",
-            b"XXXX" + real[4:], b"AGF4" + real[4:],  # the format before this one
+    return [b"", b"AGF6", b"\x00" * len(real), real[:-1], real + b"\x00",
+            b"XXXX" + real[4:], b"AGF5" + real[4:],  # the format before this one
             real[:4] + struct.pack("<d", float("nan")) + real[12:],  # a NaN creation time
             real[:12] + struct.pack("<I", 0) + real[16:],  # a width of 0
             pickle.dumps(IndexMember(0.0, b"x" * 16, None)),
@@ -210,6 +210,38 @@ def test_corrupt_index_members_and_entries_are_skipped(uri, astronaut):
     entry_id = decode_member(real, 16).entry_id.hex()
     cache.storage.set(f"entry:{cache._digest(namespace)}:{entry_id}", b"AGE", 60)
     assert cache.get(namespace, fingerprint) is None
+
+
+def test_a_file_sent_again_is_found_by_its_keyed_digest_in_one_index_read(uri, astronaut):
+    cache = make_cache(uri, key=b"the app's secret")
+    namespace = ("203.0.113.7", "style", SIDE, "jpeg")
+    data = encode_image(astronaut["original"], "JPEG", quality=90)
+    fingerprint = cache.fingerprint(astronaut["original"])
+    upload = cache.upload_digest(data)
+    cache.put(namespace, fingerprint, b"A's result", (SIDE, SIDE), upload=upload)
+    again = cache.lookup(namespace).same_upload(cache.upload_digest(data))
+    assert again is not None and again.data == b"A's result"
+    # one more byte is another file: the digest misses, the rule decides (one index read)
+    lookup = cache.lookup(namespace)
+    assert lookup.same_upload(cache.upload_digest(data + b"\0")) is None
+    assert lookup.same_photo(fingerprint).data == b"A's result"
+    # another client, style or size never gets it, whatever the digest
+    for other in (("203.0.113.8", "style", SIDE, "jpeg"), ("203.0.113.7", "b", SIDE, "jpeg"),
+                  ("203.0.113.7", "style", 128, "jpeg")):
+        assert cache.lookup(other).same_upload(upload) is None, other
+    assert (cache.stats()["hits"], cache.stats()["misses"]) == (2, 0)
+
+
+def test_the_upload_digest_is_keyed_so_redis_cannot_confirm_a_known_photo(astronaut):
+    import hashlib
+
+    data = encode_image(astronaut["original"], "JPEG", quality=90)
+    digests = {NearDuplicateCache(ttl=60, max_bytes=10**6, key=key).upload_digest(data)
+               for key in (b"one secret", b"another secret")}
+    unkeyed = {hashlib.blake2b(data, digest_size=16).digest(), hashlib.md5(data).digest(),
+               hashlib.sha256(data).digest()[:16]}
+    assert len(digests) == 2 and not digests & unkeyed
+    assert all(len(digest) == 16 for digest in digests)
 
 
 def test_stats_report_the_storage(uri):
@@ -277,8 +309,21 @@ def test_a_hit_and_a_miss_cost_two_redis_round_trips_each(redis_server, astronau
     found = []
     assert trips(lambda: found.append(cache.get(namespace, cache.fingerprint(copy)))) == 2
     assert found[0].data == b"result"
+    # a file sent again: the index, then the entry; one that is not: the index once, for
+    # its digest and its fingerprint
+    upload = cache.upload_digest(b"the file")
+    cache.put(namespace, first, b"sent", original.size, upload=upload)
+    assert trips(lambda: found.append(cache.lookup(namespace).same_upload(upload))) == 2
+    assert found[-1].data == b"sent"
+
+    def not_sent_before() -> None:
+        lookup = cache.lookup(namespace)
+        assert lookup.same_upload(cache.upload_digest(b"another file")) is None
+        found.append(lookup.same_photo(edited))
+
+    assert trips(not_sent_before) == 1 and found[-1] is None
     commands = redis_server.client().info("commandstats")
-    assert commands["cmdstat_exec"]["calls"] == 3  # each put is one MULTI/EXEC
+    assert commands["cmdstat_exec"]["calls"] == 4  # each put is one MULTI/EXEC
 
 
 def test_bytes_stored_per_entry_on_redis(redis_server, astronaut):
