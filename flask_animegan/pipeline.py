@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import io
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image
@@ -27,8 +27,8 @@ from .runtime.catalog import StyleInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cache import CachedResult, NearDuplicateCache
-    from .cache.near_duplicate import Lookup
     from .cache.fingerprint import Fingerprint
+    from .cache.near_duplicate import Lookup
     from .runtime.engine import InferenceEngine
 
 
@@ -171,7 +171,7 @@ class Pipeline:
             lap("encode")
             if lookup is not None:
                 lookup.cache.put(namespace, fingerprint, encoded, looked_up,
-                               -1 if faces is None else faces, upload=upload)
+                                 -1 if faces is None else faces, upload=upload)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
                           cache_hit=hit, face_crop=square, input_image=fitted,
                           timings=lap.timings, faces=faces, colors=options.colors)
