@@ -12,6 +12,7 @@ import subprocess
 import sys
 import typing
 
+import pytest
 from conftest import REPO
 
 from flask_animegan.config import AnimeGANOptions, Settings
@@ -35,6 +36,7 @@ AnimeGAN(app, max_sides=384)
 """
 
 
+@pytest.mark.slow  # mypy --strict over a host app and, with it, the package: about 8 s
 def test_mypy_checks_the_keyword_options():
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "-c", HOST_CODE],
