@@ -24,8 +24,8 @@ from .jobs.work import Jobs
 from .metrics import Metrics
 from .inputs.colors import COLOR_MODES
 from .pipeline import PORTRAIT_MODES, Conversion, Options, PortraitSettings, Pipeline
-from .runtime.admission import Admission
 from .runtime import tiles
+from .runtime.admission import Admission
 from .runtime.engine import MIN_SIDE, InferenceEngine
 
 if TYPE_CHECKING:  # pragma: no cover
