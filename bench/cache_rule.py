@@ -12,6 +12,9 @@ Client A uploads a photo (scikit-image's, no download) and gets it converted; th
   most detailed of 40 seeded spots ("detail": where a face or a licence plate would be).
   A hit is a cache holding either copy answering the other. These must miss.
 - **another client** asking for A's photo: must miss (the namespace holds the scope).
+- **held out** (not in ``--quick``): the same trials on a centre crop (75 %) and a quarter
+  turn of every photo, which were not used to choose the rule's numbers: how the rule
+  does on pictures it was not tuned on.
 
 Every upload goes through the service's decoder and fit, then the real
 ``NearDuplicateCache``. Also measured: the bytes of an entry and of a lookup on
@@ -59,16 +62,29 @@ PLACES = ("detail", "random")
 VISIBLE = 2.0  # levels: an edit changing its box by less, on average, is not counted visible
 HASH_SIZE = 16  # ANIMEGAN_PHASH_SIZE's default
 MAX_DISTANCE = 6  # ANIMEGAN_PHASH_MAX_DISTANCE's default
+#: Pictures the rule's numbers were not chosen on: "<photo>/crop" (the centre 75 %, so
+#: photos of 512 px and less are no longer reduced to the output) and "<photo>/turn".
+HELD_OUT = tuple(f"{name}/{variant}" for name in PHOTOS for variant in ("crop", "turn"))
 SCALES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # every tolerance of the rule times these, compared
 
 
 # -- inputs --------------------------------------------------------------------------------
 def photo(name: str) -> Image.Image:
-    """A scikit-image photo as RGB."""
+    """A scikit-image photo as RGB; ``"<name>/crop"``: its centre 75 %, ``"<name>/turn"``:
+    turned a quarter (HELD_OUT)."""
+    name, _, variant = name.partition("/")
     array = getattr(skimage.data, name)()
     if isinstance(array, tuple):
         array = array[0]
-    return Image.fromarray(np.asarray(array)).convert("RGB")
+    image = Image.fromarray(np.asarray(array)).convert("RGB")
+    if variant == "crop":
+        width, height = image.size
+        return image.crop((width // 8, height // 8, width - width // 8, height - height // 8))
+    if variant == "turn":
+        return image.transpose(Image.Transpose.ROTATE_90)
+    if variant:
+        raise ValueError(f"unknown variant {variant!r} of {name}")
+    return image
 
 
 def encode(image: Image.Image, fmt: str, **params: Any) -> bytes:
@@ -438,39 +454,23 @@ def measure(quick: bool = False, inference_ms: float | None = None,
                for name in ("SAME_SIZE", "OTHER_SIZE")
                for field in ("mean_levels", "mean_per_deviation", "colour_levels")}},
         "photos": len(photos), "seeds": len(seeds)}
-    group = defaultdict(list)
-    for t in trials:
-        group[t.group].append(t)
+    group = _groups(trials)
+    results.update(summary(trials))
     results["reencode"] = {kind: _rate([t for t in group["re-encode"] if t.kind == kind])
                            for kind in sorted({t.kind for t in group["re-encode"]})}
-    results["reencode_hit_share"] = _share(group["re-encode"])
-    results["other_client_hits"] = sum(t.hit for t in group["other client"])
-    results["other_client_trials"] = len(group["other client"])
     edits = group["edit"]
+    visible = [t for t in edits if t.change >= VISIBLE]
     results["edits"] = {
         f"{kind}, {area:.0%}, {place}": _rate([t for t in edits if t.kind == kind
                                                and t.area == area and t.place == place])
         for kind in EDITS for area in AREAS for place in PLACES}
-    visible = [t for t in edits if t.change >= VISIBLE]
-    results["edit_hits"] = sum(t.hit for t in edits)
-    results["edit_trials"] = len(edits)
-    results["visible_edit_hits"] = sum(t.hit for t in visible)
-    results["visible_edit_trials"] = len(visible)
-    for place in PLACES:
-        results[f"visible_{place}_edit_hits"] = sum(t.hit for t in visible if t.place == place)
-    results["edit_hits_listed"] = [
-        f"{t.kind} {t.area:.0%} {t.place} @ {t.size} px, {t.photo}: box changed by "
-        f"{t.change:.1f} levels, grid excess {t.excess:.2f}"
-        for t in edits if t.hit]
-    results["scales"] = {  # what the rule with every tolerance times k would give
-        str(k): {"reencode_hit_share": _share([replace(t, hit=t.near and t.excess <= k)
-                                               for t in group["re-encode"]]),
-                 **{f"{place}_edit_hits": sum(t.near and t.excess <= k for t in edits
-                                              if t.place == place) for place in PLACES},
-                 "visible_edit_hits": sum(t.near and t.excess <= k for t in visible)}
-        for k in SCALES}
+    results["scales"] = scale_table(trials)
     results["reencode_excess"] = _quantiles([t.excess for t in group["re-encode"]])
     results["edit_excess"] = _quantiles([t.excess for t in visible])
+    if not quick:
+        held = reencode_trials(HELD_OUT, SIZES) + edit_trials(HELD_OUT, SIZES, seeds[:1])
+        results["held_out"] = {"photos": len(HELD_OUT), **summary(held),
+                               "scales": scale_table(held)}
     results["memory"] = footprint(MemoryStorage(10**8))
     with redis_uri() as uri:
         if uri is not None:
@@ -488,6 +488,49 @@ def measure(quick: bool = False, inference_ms: float | None = None,
     return results
 
 
+def _groups(trials: Sequence[Trial]) -> dict[str, list[Trial]]:
+    group: dict[str, list[Trial]] = defaultdict(list)
+    for t in trials:
+        group[t.group].append(t)
+    return group
+
+
+def summary(trials: Sequence[Trial]) -> dict[str, Any]:
+    """The figures the acceptance names, over ``trials``: re-encodes that hit, another
+    client's hits, edits (and visible ones, by placement) that hit, and those listed."""
+    group = _groups(trials)
+    edits = group["edit"]
+    visible = [t for t in edits if t.change >= VISIBLE]
+    return {
+        "reencode_hit_share": _share(group["re-encode"]),
+        "reencode_trials": len(group["re-encode"]),
+        "other_client_hits": sum(t.hit for t in group["other client"]),
+        "other_client_trials": len(group["other client"]),
+        "edit_hits": sum(t.hit for t in edits), "edit_trials": len(edits),
+        "visible_edit_hits": sum(t.hit for t in visible),
+        "visible_edit_trials": len(visible),
+        **{f"visible_{place}_edit_hits": sum(t.hit for t in visible if t.place == place)
+           for place in PLACES},
+        "edit_hits_listed": [
+            f"{t.kind} {t.area:.0%} {t.place} @ {t.size} px, {t.photo}: box changed by "
+            f"{t.change:.1f} levels, grid excess {t.excess:.2f}"
+            for t in edits if t.hit],
+    }
+
+
+def scale_table(trials: Sequence[Trial]) -> dict[str, dict[str, float]]:
+    """What the rule with every tolerance times k would give on ``trials``."""
+    group = _groups(trials)
+    edits = group["edit"]
+    visible = [t for t in edits if t.change >= VISIBLE]
+    return {str(k): {"reencode_hit_share": _share([replace(t, hit=t.near and t.excess <= k)
+                                                   for t in group["re-encode"]]),
+                     **{f"{place}_edit_hits": sum(t.near and t.excess <= k for t in edits
+                                                  if t.place == place) for place in PLACES},
+                     "visible_edit_hits": sum(t.near and t.excess <= k for t in visible)}
+            for k in SCALES}
+
+
 def _rate(trials: Sequence[Trial]) -> str:
     return f"{sum(t.hit for t in trials)}/{len(trials)}"
 
@@ -503,37 +546,53 @@ def _quantiles(values: Sequence[float]) -> dict[str, float]:
             (("min", 0), ("p5", .05), ("median", .5), ("p95", .95), ("max", 1))}
 
 
+def _table(head: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def _scale_rows(scales: dict[str, dict[str, float]], visible_trials: int) -> str:
+    return _table(["k", "re-encodes hit", "edits on detail hit", "edits at random hit",
+                   f"visible edits hit (of {visible_trials})"],
+                  [[n, f"{row['reencode_hit_share']:.1%}", row["detail_edit_hits"],
+                    row["random_edit_hits"], row["visible_edit_hits"]]
+                   for n, row in scales.items()])
+
+
 def render(results: dict[str, Any]) -> str:
     """The figures as markdown."""
-    def table(head: list[str], rows: list[list[Any]]) -> str:
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
-
     r = results
     out = [
         ("Rule: " + ", ".join(f"{k} {v:g}" for k, v in r["rule"].items())
          + f"; {r['photos']} photos, 256 and 512 px, {r['seeds']} seed(s)"), "",
         f"Same photo re-encoded (should hit): {r['reencode_hit_share']:.1%}", "",
-        table(["copy", "hits"], [[k, v] for k, v in r["reencode"].items()]), "",
+        _table(["copy", "hits"], [[k, v] for k, v in r["reencode"].items()]), "",
         (f"Another client asking for the same photo: {r['other_client_hits']}/"
          f"{r['other_client_trials']} hits"), "",
         (f"Local edits (should miss): {r['edit_hits']}/{r['edit_trials']} hit; visible (box "
          f"changed >= {VISIBLE} levels): {r['visible_edit_hits']}/{r['visible_edit_trials']} "
          f"(placed on detail {r['visible_detail_edit_hits']}, at random "
          f"{r['visible_random_edit_hits']})"), "",
-        table(["edit, area, placed", "hits"], [[k, v] for k, v in r["edits"].items()]), "",
+        _table(["edit, area, placed", "hits"], [[k, v] for k, v in r["edits"].items()]), "",
         ("Grid excess (1 = what the rule allows), re-encodes: "
          + ", ".join(f"{k} {v:.2f}" for k, v in r["reencode_excess"].items())
          + "; visible edits: "
          + ", ".join(f"{k} {v:.2f}" for k, v in r["edit_excess"].items())), "",
     ]
-    out += ["Every tolerance times k (the same trials):", "",
-            table(["k", "re-encodes hit", "edits on detail hit", "edits at random hit",
-                   f"visible edits hit (of {results['visible_edit_trials']})"],
-                  [[n, f"{row['reencode_hit_share']:.1%}", row["detail_edit_hits"],
-                    row["random_edit_hits"], row["visible_edit_hits"]]
-                   for n, row in results["scales"].items()]), ""]
+    out += ["Every tolerance times k (the same trials):", "", _scale_rows(r["scales"],
+                                                                      r["visible_edit_trials"]), ""]
     out += [f"- {line}" for line in results["edit_hits_listed"]]
+    if "held_out" in results:
+        h = results["held_out"]
+        out += ["", (f"Held out ({h['photos']} pictures the numbers were not chosen on: a centre "
+                     f"crop and a quarter turn of each photo): re-encodes hit "
+                     f"{h['reencode_hit_share']:.1%} of {h['reencode_trials']}; another client "
+                     f"{h['other_client_hits']}/{h['other_client_trials']}; visible edits "
+                     f"{h['visible_edit_hits']}/{h['visible_edit_trials']} (on detail "
+                     f"{h['visible_detail_edit_hits']}, at random "
+                     f"{h['visible_random_edit_hits']})"), "",
+                _scale_rows(h["scales"], h["visible_edit_trials"]), ""]
+        out += [f"- held out: {line}" for line in h["edit_hits_listed"]]
     for backend in ("memory", "redis"):
         if backend in results:
             f = results[backend]
