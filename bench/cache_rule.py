@@ -459,7 +459,7 @@ def measure(quick: bool = False, inference_ms: float | None = None,
     results["reencode"] = {kind: _rate([t for t in group["re-encode"] if t.kind == kind])
                            for kind in sorted({t.kind for t in group["re-encode"]})}
     edits = group["edit"]
-    visible = [t for t in edits if t.change >= VISIBLE]
+    visible = _visible(edits)
     results["edits"] = {
         f"{kind}, {area:.0%}, {place}": _rate([t for t in edits if t.kind == kind
                                                and t.area == area and t.place == place])
@@ -488,6 +488,11 @@ def measure(quick: bool = False, inference_ms: float | None = None,
     return results
 
 
+def _visible(edits: Sequence[Trial]) -> list[Trial]:
+    """The edits that changed their box by VISIBLE levels or more on average."""
+    return [t for t in edits if t.change >= VISIBLE]
+
+
 def _groups(trials: Sequence[Trial]) -> dict[str, list[Trial]]:
     group: dict[str, list[Trial]] = defaultdict(list)
     for t in trials:
@@ -500,7 +505,7 @@ def summary(trials: Sequence[Trial]) -> dict[str, Any]:
     client's hits, edits (and visible ones, by placement) that hit, and those listed."""
     group = _groups(trials)
     edits = group["edit"]
-    visible = [t for t in edits if t.change >= VISIBLE]
+    visible = _visible(edits)
     return {
         "reencode_hit_share": _share(group["re-encode"]),
         "reencode_trials": len(group["re-encode"]),
@@ -522,7 +527,7 @@ def scale_table(trials: Sequence[Trial]) -> dict[str, dict[str, float]]:
     """What the rule with every tolerance times k would give on ``trials``."""
     group = _groups(trials)
     edits = group["edit"]
-    visible = [t for t in edits if t.change >= VISIBLE]
+    visible = _visible(edits)
     return {str(k): {"reencode_hit_share": _share([replace(t, hit=t.near and t.excess <= k)
                                                    for t in group["re-encode"]]),
                      **{f"{place}_edit_hits": sum(t.near and t.excess <= k for t in edits
