@@ -6,6 +6,7 @@ and a re-encoded copy of the photo (decoded, fingerprinted and matched by the ru
 from __future__ import annotations
 
 import io
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from . import servers
 from .clients import post_photo
 from .inputs import Weights, jpeg
 from .service import ours_env
-from .timing import median, ratio
+from .timing import median, ratio, time_runs
 
 #: Same-sized variants of the photo that the cache must not confuse with each other,
 #: so every miss runs the same network shape (no first-shape cost in a miss).
@@ -36,13 +37,11 @@ def timed_post(url: str, data: bytes) -> tuple[float, str]:
 
 def bare_decode_s(data: bytes, runs: int = 20) -> float:
     """Median seconds for Pillow alone to decode ``data`` at full size, in this process."""
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
+    def decode() -> None:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
-        times.append(time.perf_counter() - started)
-    return median(times)
+
+    return statistics.median(time_runs(decode, runs=runs))
 
 
 def measure(weights: Weights, image: Image.Image, *, size: int, repeats: int,
