@@ -251,6 +251,14 @@ def test_unfinished_jobs_per_client_are_capped(make_app):
     second = post_job(client, gif_from_photos(4), size=str(SIZE))
     assert second.status_code == 429 and second.headers["Retry-After"]
     assert "1 unfinished job" in second.get_json()["error"]
+    assert "DELETE" in second.get_json()["error"]
+    # through the form, on the page: no DELETE to send there, so none is suggested
+    form = {"image": (io.BytesIO(gif_from_photos(4)), "cat.gif", "image/gif")}
+    page = client.post("/animegan/upload", data=form, content_type="multipart/form-data")
+    assert page.status_code == 429 and page.mimetype == "text/html"
+    text = page.get_data(as_text=True)
+    assert "1 unfinished job" in text and "wait for one to finish" in text.lower()
+    assert "DELETE" not in text
     # another client is not counted with this one
     other = post_job(client, gif_from_photos(4), environ={"REMOTE_ADDR": "127.0.0.77"},
                      size=str(SIZE))

@@ -160,9 +160,11 @@ def start_job(data: bytes, params: Any, info: MediaInfo | None = None) -> JobRec
     unfinished = jobs.unfinished(client)
     cap = service.settings.jobs_per_client
     if unfinished >= cap:
+        # the form's user has no DELETE to send: the page can only ask them to wait
+        way = ("" if request.endpoint == "animegan.upload"
+               else ", or cancel one with DELETE on its URL")
         raise TooManyJobs(f"you already have {unfinished} unfinished jobs (the limit is "
-                          f"{cap}); wait for one to finish, or cancel one with DELETE on "
-                          "its URL", retry_after=5)
+                          f"{cap}); wait for one to finish{way}", retry_after=5)
     waiting = jobs.queue.queued_count()
     if waiting >= service.settings.job_max_queue:
         # before the frames are counted, so a full queue costs the client no more than
