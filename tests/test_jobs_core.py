@@ -8,7 +8,11 @@ The views (POST /jobs ...) have their own tests (test_jobs_api.py); these call
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import av
 import numpy as np
@@ -155,6 +159,63 @@ def test_cancel_a_running_job_and_a_queued_one(service):
     assert service.jobs.get(second.id).state == JobState.CANCELLED
     assert service.jobs.get(second.id).frames_done == 0
     assert service.jobs.cancel(first.id).state == JobState.CANCELLED  # again: no change
+
+
+def test_stopping_the_process_stops_its_running_job_at_a_frame(make_app):
+    """What the queue does at exit (atexit): the running job stops at its next frame and is
+    left running, for the stall rule, as a stopped worker's; a queued one is not started."""
+    service = make_app().extensions["animegan"]
+    long = gif_from_photos(200, size=(128, 96))
+    first = submit(service, long, size=128)
+    follow(service, first.id, lambda r: r.state == JobState.RUNNING and r.frames_done > 0)
+    second = submit(service, long, client="127.0.0.2", size=128)
+    started = time.monotonic()
+    service.jobs.queue.stop()
+    assert time.monotonic() - started < service.jobs.queue.STOP_WAIT
+    assert service.jobs.queue.running is None
+    left = service.jobs.get(first.id)
+    assert left.state == JobState.RUNNING and 0 < left.frames_done < 200
+    time.sleep(0.5)
+    assert service.jobs.get(first.id).frames_done == left.frames_done  # nothing runs it
+    assert service.jobs.get(second.id).state == JobState.QUEUED
+
+
+EXITS_MID_JOB = """
+import sys, time
+from flask import Flask
+from flask_animegan import AnimeGAN
+from media import gif_from_photos
+app = Flask("exits")
+app.config.update(ANIMEGAN_MODELS_DIR=sys.argv[1], ANIMEGAN_WARMUP_SIZE=0, ANIMEGAN_CSRF=False,
+                  ANIMEGAN_RATE_LIMIT="", ANIMEGAN_BACKEND="torch", ANIMEGAN_PRECISION="fp32",
+                  ANIMEGAN_SHIPPED_STYLES=False)
+AnimeGAN(app)
+client = app.test_client()
+url = client.post("/animegan/jobs", data=gif_from_photos(300), query_string={"size": "128"},
+                  content_type="image/gif").headers["Location"]
+deadline = time.monotonic() + 60
+while client.get(url).get_json()["frames_done"] < 3 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("exiting at", client.get(url).get_json()["frames_done"], "frames", flush=True)
+"""
+
+
+@pytest.mark.slow  # three fresh interpreters with torch: about 17 s
+def test_a_process_that_exits_mid_job_exits_cleanly(models_dir, tmp_path):
+    """Without the stop at exit, the interpreter tore the network's threads down under the
+    job's thread: "terminate called without an active exception", SIGABRT (3 exits in 4
+    here). Each run has its own chance, so three."""
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS_MID_JOB)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    for _ in range(3):
+        done = subprocess.run([sys.executable, str(script), str(models_dir)], env=env,
+                              capture_output=True, text=True, timeout=180)
+        assert "exiting at" in done.stdout, done.stderr[-2000:]
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "terminate called" not in done.stderr
+        assert "because this process is exiting" in done.stderr
 
 
 def test_a_full_queue_answers_503_with_retry_after(make_app):

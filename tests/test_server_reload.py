@@ -301,6 +301,27 @@ def test_a_new_worker_that_never_gets_ready_leaves_the_old_one_serving(
         assert "Shutting down" not in server.output()
 
 
+def test_a_worker_that_stops_mid_job_exits_cleanly(models_dir, tmp_path):
+    """SIGTERM (systemd's stop) while the local queue converts a long GIF: the worker stops
+    the job at a frame and exits, where it used to die at exit inside the network (gunicorn:
+    "Worker (pid:N) was sent SIGABRT!")."""
+    from media import gif_from_photos
+
+    server = Server(instance_env(models_dir), log=tmp_path / "gunicorn.log")
+    with server:
+        visitor = client()
+        created = visitor.post(f"{server.url}/animegan/jobs", data=gif_from_photos(300),
+                               headers={"Content-Type": "image/gif"}, timeout=60)
+        assert created.status_code == 202, created.text
+        url = f"{server.url}{created.headers['Location']}"
+        wait_until(lambda: visitor.get(url, timeout=10).json()["frames_done"] >= 3, 60,
+                   "the job to convert its first frames")
+        os.kill(server.process.pid, signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 0, server.log_tail()
+    assert "because this process is exiting" in server.output(), server.log_tail()
+    assert "SIGABRT" not in server.output() and "terminate called" not in server.output()
+
+
 # --- behind nginx -----------------------------------------------------------------------------
 
 def conversions_logged(server: Server) -> int:

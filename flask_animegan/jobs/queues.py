@@ -4,7 +4,10 @@ Both run :func:`flask_animegan.jobs.work.run_job` with a job's id, one job at a 
 worker; neither is a queue of our own making. :class:`RQQueue` is an ``rq.Queue`` that
 ``flask animegan worker`` processes take jobs from, on this machine or any other that
 reaches the Redis. :class:`LocalQueue` is a bounded ``queue.Queue`` and one daemon thread
-per app process: single-machine, and its waiting jobs are lost with the process.
+per app process: single-machine, and its waiting jobs are lost with the process. When the
+process exits (a restart or reload of its server), the running job stops at its next frame,
+its record left to the stall rule as a dead worker's would be (:meth:`LocalQueue.stop`),
+rather than the process dying inside the network.
 :func:`open_queue` picks one from ANIMEGAN_JOB_QUEUE and fails closed: ``rq`` without a
 Redis stops the app at start.
 
@@ -16,6 +19,7 @@ client reads. RQ's own maintenance cleans RQ's registries and knows nothing of o
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
@@ -49,6 +53,11 @@ class JobQueue(ABC):
     _sweep: Callable[[], object] | None = None
     _sweep_every = 5.0
     _sweeper: threading.Thread | None = None
+
+    @property
+    def stopping(self) -> bool:
+        """Whether this process is exiting: a job running here stops at its next frame."""
+        return False
 
     def sweep_with(self, sweep: Callable[[], object], every: float) -> None:
         """What this queue's workers run every ``every`` seconds beside their jobs (the
@@ -99,6 +108,8 @@ class LocalQueue(JobQueue):
     model as the photos of the web requests do (the same inference gate)."""
 
     kind = "local"
+    #: Seconds :meth:`stop` waits, at exit, for the running job to reach its next frame.
+    STOP_WAIT = 10.0
 
     def __init__(self, runner: Callable[[str], None], *, max_queue: int) -> None:
         self.max_queue = max_queue
@@ -106,6 +117,7 @@ class LocalQueue(JobQueue):
         self._waiting: queue.Queue[str] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self.running: str | None = None
 
     def enqueue(self, job_id: str, attempt: int = 0) -> None:
@@ -126,17 +138,39 @@ class LocalQueue(JobQueue):
                 "max_queue": self.max_queue, "running": 1 if self.running else 0,
                 "workers": 1}
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def stop(self, wait: float = STOP_WAIT) -> None:
+        """Take no job any more and wait up to ``wait`` seconds for the running one to stop
+        at its next frame (:func:`atexit` calls it). Its record is left as it is, so the
+        stall rule gives it another run or fails it, as for a worker that died; queued
+        jobs stay queued (lost with the process, or swept from a shared store).
+
+        Without this, the interpreter's exit would tear down the network's threads under
+        the job's thread, which aborts the process (``terminate called without an active
+        exception``, SIGABRT)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and self.running is not None:
+            thread.join(wait)
+
     def _start(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
+                if self._thread is None:
+                    atexit.register(self.stop)
                 self._thread = threading.Thread(target=self._work, name="animegan-jobs",
                                                 daemon=True)
                 self._thread.start()
             self.start_sweeping()
 
     def _work(self) -> None:
-        while True:
+        while not self._stop.is_set():
             job_id = self._waiting.get()
+            if self._stop.is_set():
+                return
             self.running = job_id
             try:
                 self._runner(job_id)

@@ -61,6 +61,10 @@ class JobTaken(Exception):
     """The record says another run owns the job now (this one was declared stalled)."""
 
 
+class WorkerStopping(Exception):
+    """This process is exiting (:attr:`JobQueue.stopping`): the run stops between frames."""
+
+
 def _encoders() -> Any:
     """jobs/encoders.py, imported on first use: it needs PyAV (the `jobs` extra), which an
     app that converts only photos need not install."""
@@ -230,6 +234,10 @@ class Jobs:
             self._convert(record, data)
         except JobTaken:
             log.info("flask_animegan: job %s was taken over; this run stops", job_id)
+        except WorkerStopping:
+            log.warning("flask_animegan: job %s stopped at frame %d because this process is "
+                        "exiting; the stall rule settles it, as a stopped worker's job",
+                        job_id, record.frames_done)
         except JobCancelled:
             self._finish(record, JobState.CANCELLED, None)
         except Overloaded as exc:
@@ -264,6 +272,8 @@ class Jobs:
             cleanup.callback(writer.close)  # an abandoned result: its temporary file goes
             cleanup.callback(getattr(frames, "close", lambda: None))  # the helper, killed
             for frame in frames:
+                if self.queue.stopping:
+                    raise WorkerStopping
                 if time.monotonic() > deadline:
                     raise ConversionError(
                         f"the job took longer than {self.settings.job_timeout} s "
