@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -40,6 +41,10 @@ SAMPLE_PHOTO = Path(__file__).resolve().parent / "static" / "sample-photo.jpg"
 log = logging.getLogger("flask_animegan")
 #: Seconds a client is told to wait while the model is still loading.
 WARMING_RETRY_AFTER = 5
+#: Seconds a process that exits while warming up in the background waits for the warm-up:
+#: the interpreter's exit would tear the network's threads down under it (SIGABRT,
+#: "terminate called without an active exception"). Under gunicorn's graceful timeout.
+WARM_UP_EXIT_WAIT = 30.0
 #: Every service made in this process, for gunicorn's post_worker_init (warm_up_all).
 _services: weakref.WeakSet[AnimeGANService] = weakref.WeakSet()
 
@@ -239,6 +244,7 @@ class AnimeGANService:
 
         thread = threading.Thread(target=run, name="animegan-warm-up", daemon=True)
         thread.start()
+        atexit.register(thread.join, WARM_UP_EXIT_WAIT)
         return thread
 
     def _ready(self) -> None:

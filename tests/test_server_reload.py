@@ -27,6 +27,8 @@ from conftest import photo_bytes
 from requests.adapters import HTTPAdapter
 from servers import NginxServer, Server
 
+from bench.servers import GunicornServer
+
 pytestmark = pytest.mark.server
 
 PHOTO = photo_bytes("coffee")
@@ -320,6 +322,26 @@ def test_a_worker_that_stops_mid_job_exits_cleanly(models_dir, tmp_path):
         assert server.process.wait(timeout=60) == 0, server.log_tail()
     assert "because this process is exiting" in server.output(), server.log_tail()
     assert "SIGABRT" not in server.output() and "terminate called" not in server.output()
+
+
+def test_a_worker_stopped_while_it_warms_up_exits_cleanly(models_dir, tmp_path):
+    """SIGTERM while the first worker warms up in the background (backend and precision
+    timed, as by default): it finishes the warm-up (at most WARM_UP_EXIT_WAIT) and exits,
+    where it used to die at exit inside the network ("was sent SIGABRT!")."""
+    env = instance_env(models_dir, ANIMEGAN_BACKEND="auto", ANIMEGAN_PRECISION="auto",
+                       ANIMEGAN_WARMUP_SIZE="384")
+    # the page answers while the worker warms up; /healthz says "warming" (503)
+    server = GunicornServer("warming", ["-c", "gunicorn.conf.py", "example_app:app"], env,
+                            tmp_path, ready_path="/animegan/", ready_timeout=90)
+    with server:
+        health = requests.get(f"{server.url}/animegan/healthz", timeout=10)
+        assert health.status_code == 503 and health.json()["status"] == "warming", health.text
+        os.kill(server.process.pid, signal.SIGTERM)
+        assert server.process.wait(timeout=90) == 0, server.log_tail()
+    log = server.output()
+    assert "SIGABRT" not in log and "terminate called" not in log, log[-3000:]
+    assert "warmed up in" in log, log[-3000:]
+    assert log.index("Handling signal: term") < log.index("warmed up in"), log[-3000:]
 
 
 # --- behind nginx -----------------------------------------------------------------------------
