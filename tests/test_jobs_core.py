@@ -165,16 +165,15 @@ def test_stopping_the_process_stops_its_running_job_at_a_frame(make_app):
     """What the queue does at exit (atexit): the running job stops at its next frame and is
     left running, for the stall rule, as a stopped worker's; a queued one is not started."""
     service = make_app().extensions["animegan"]
-    long = gif_from_photos(200, size=(128, 96))
-    first = submit(service, long, size=128)
+    first = submit(service, gif_from_photos(80, size=(128, 96)), size=128)
     follow(service, first.id, lambda r: r.state == JobState.RUNNING and r.frames_done > 0)
-    second = submit(service, long, client="127.0.0.2", size=128)
+    second = submit(service, gif_from_photos(4), client="127.0.0.2", size=128)
     started = time.monotonic()
     service.jobs.queue.stop()
     assert time.monotonic() - started < service.jobs.queue.STOP_WAIT
     assert service.jobs.queue.running is None
     left = service.jobs.get(first.id)
-    assert left.state == JobState.RUNNING and 0 < left.frames_done < 200
+    assert left.state == JobState.RUNNING and 0 < left.frames_done < 80
     time.sleep(0.5)
     assert service.jobs.get(first.id).frames_done == left.frames_done  # nothing runs it
     assert service.jobs.get(second.id).state == JobState.QUEUED
