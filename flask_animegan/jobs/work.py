@@ -319,6 +319,8 @@ class Jobs:
                 return keep_colors(self.engine.run(frame.image, style), frame.image,
                                    record.colors)
             except Overloaded:  # web conversions fill the gate (local queue): wait our turn
+                if self.queue.stopping:
+                    raise WorkerStopping from None
                 self._report(record, None)
                 time.sleep(REPORT_EVERY)
 
