@@ -18,6 +18,7 @@ import difflib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -72,9 +73,18 @@ def _not_empty(value: str) -> str | None:
     return "is empty: give a value, or leave the key out for the default" if not value else None
 
 
+_URL_PATH = re.compile(r"(/[A-Za-z0-9._~-]+)*/?")
+
+
 def _url_prefix(value: str) -> str | None:
-    """a path starting with `/`"""
-    return None if value.startswith("/") else "must start with '/', e.g. '/animegan'"
+    """a path starting with `/`, of letters, digits and `-._~` between single slashes"""
+    if not value.startswith("/"):
+        return "must start with '/', e.g. '/animegan'"
+    if not _URL_PATH.fullmatch(value) or {".", ".."} & set(value.split("/")):
+        # '//host' in a link is another site; '?', '#' or a space end or break the path
+        return ("must be a plain path, e.g. '/animegan' or '/tools/anime': letters, digits "
+                "and -._~ between single slashes (no '//', '?', '#', spaces, '.' or '..')")
+    return None
 
 
 def _rate_limit(value: str) -> str | None:
@@ -205,7 +215,8 @@ class Settings:
         None, str,
         'Style used when a request names none; unset picks the first installed of '
         "`paprika`, `face_paint_512_v2`, else the models folder's first alphabetically, "
-        'else the shipped `toon_demo`.')
+        'else the shipped `toon_demo`. Must be installed, or an official style not pulled '
+        'yet (checked at start).')
     portrait_scene_style: str | None = _setting(
         None, str,
         'Portrait mode (a face style, or `portrait=on`): the style the whole picture '

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 from functools import partial
 from pathlib import Path
@@ -18,7 +19,7 @@ from .jobs.records import JobStore
 from .jobs.work import Jobs, run_job
 from .metrics import Metrics
 from .process import configure_process
-from .runtime.catalog import known_styles
+from .runtime.catalog import STYLE_NAME, known_styles
 from .runtime.engine import InferenceEngine
 from .service import AnimeGANService, get_service
 from .web import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
@@ -53,6 +54,27 @@ def _check_csrf_secret(app: Flask, settings: Settings) -> None:
         "from python -c 'import secrets; print(secrets.token_hex(32))'>, or from the "
         "environment (FLASK_SECRET_KEY with app.config.from_prefixed_env()). Only if "
         "something else protects the form, set ANIMEGAN_CSRF = False")
+
+
+def _check_default_style(name: str | None, engine: InferenceEngine) -> None:
+    """Refuse an ANIMEGAN_DEFAULT_STYLE that can never serve: not a style name, or neither
+    installed nor one `flask animegan pull` knows. An official style not pulled yet is
+    let through, so that `flask animegan pull NAME` can run with it already set."""
+    if not name or name in engine.styles or name in engine.catalog:
+        return
+    known = sorted(set(engine.styles) | set(engine.catalog))
+    near = difflib.get_close_matches(name.lower(), known, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    if not STYLE_NAME.fullmatch(name):
+        problem = ("is not a style name: names are lowercase letters, digits, '_' and '-'"
+                   f"{hint}; give an installed style")
+    else:
+        problem = (f"is neither installed nor a style `flask animegan pull` knows{hint}; "
+                   f"give an installed style, or put {name}.pt into {engine.models_dir}")
+    raise RuntimeError(
+        f"flask_animegan configuration error: ANIMEGAN_DEFAULT_STYLE={name!r} {problem}, "
+        "or unset it for the first installed style (installed: "
+        f"{', '.join(sorted(engine.styles)) or 'none'})")
 
 
 class AnimeGAN:
@@ -114,6 +136,7 @@ class AnimeGAN:
         metrics = Metrics() if settings.metrics else None
         engine = InferenceEngine.from_settings(self._models_dir(app, settings), settings,
                                                catalog=catalog, events=metrics)
+        _check_default_style(settings.default_style, engine)
         scene = settings.portrait_scene_style
         if scene is not None and scene not in engine.styles:
             raise RuntimeError(

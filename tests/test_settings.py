@@ -38,7 +38,8 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
                              "memcached://cache:11211"],
     "ANIMEGAN_RATELIMIT_STORAGE_URI": ["localhost:6379", "redis:6379"],
     "ANIMEGAN_RESULT_STORAGE_URI": ["localhost:6380", "redis:6380", "http://state:6380"],
-    "ANIMEGAN_URL_PREFIX": ["", "animegan", "animegan/"],
+    "ANIMEGAN_URL_PREFIX": ["", "animegan", "animegan/", "//evil.example", "/a//b", "/a b",
+                            "/anime?x=1", "/anime#top", "/tools/../anime", "/./anime", "/\\x"],
     "ANIMEGAN_WEIGHTS_BASE_URL": ["mirror.local/weights", "ftp://mirror/weights",
                                   "https://"],
     "ANIMEGAN_CONTENT_BLOCK": ["", "my block", "1content", "content}"],
@@ -64,7 +65,7 @@ ACCEPTED_STRINGS: dict[str, list[Any]] = {
                                        "redis+unix:///run/redis.sock"],
     "ANIMEGAN_RESULT_STORAGE_URI": ["", "memory://", "redis://localhost:6380/0",
                                     "unix:///run/redis-state.sock"],
-    "ANIMEGAN_URL_PREFIX": ["/", "/anime", "/tools/anime"],
+    "ANIMEGAN_URL_PREFIX": ["/", "/anime", "/tools/anime", "/tools/anime/", "/a-b_c.d~e"],
     "ANIMEGAN_WEIGHTS_BASE_URL": ["", "http://127.0.0.1:8080/weights", "https://mirror.example"],
     "ANIMEGAN_EXTRA_STYLES": [{"mine": {"url": "https://x/mine.pt", "sha1": "0" * 40,
                                         "licence": "CC-BY", "face": True}}],
@@ -281,6 +282,27 @@ def test_environment_values_start_an_app(tmp_path):
 def test_rules_between_settings_are_checked_at_start(tmp_path, config, key):
     with pytest.raises(RuntimeError, match=key):
         build(tmp_path, **config)
+
+
+@pytest.mark.parametrize("name,hint", [
+    ("nope", "neither installed nor"), ("papriak", "did you mean 'paprika'"),
+    ("Toon_Demo", "did you mean 'toon_demo'"), ("toon_demo.pt", "not a style name"),
+    ("toon demo", "not a style name")])
+def test_a_default_style_that_can_never_serve_is_refused_at_start(tmp_path, name, hint):
+    """Installed styles are known only once the models folder is read, so this check runs
+    in init_app beside the registry's (it used to start, then answer every request 404)."""
+    with pytest.raises(RuntimeError, match="configuration error: ANIMEGAN_DEFAULT_STYLE") as error:
+        build(tmp_path, ANIMEGAN_DEFAULT_STYLE=name)
+    assert hint in str(error.value) and "unset it" in str(error.value)
+
+
+def test_an_official_style_not_pulled_yet_may_be_the_default(tmp_path):
+    """So that `flask animegan pull paprika` runs with ANIMEGAN_DEFAULT_STYLE=paprika set;
+    meanwhile a conversion says what to run."""
+    client = build(tmp_path, ANIMEGAN_DEFAULT_STYLE="paprika", ANIMEGAN_CSRF=False).test_client()
+    refused = client.post("/animegan/convert", data=b"not even read", content_type="image/jpeg")
+    assert "flask animegan pull paprika" in refused.get_json()["error"]
+    assert build(tmp_path, ANIMEGAN_DEFAULT_STYLE="toon_demo").extensions["animegan"]
 
 
 def test_a_storage_flask_limiter_cannot_count_in_is_refused_at_start(tmp_path):
