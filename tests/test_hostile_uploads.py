@@ -24,6 +24,8 @@ def hostile_client(models_dir):
     app.config.update(ANIMEGAN_MODELS_DIR=str(models_dir), ANIMEGAN_WARMUP_SIZE=0,
                       ANIMEGAN_RATE_LIMIT="", ANIMEGAN_MAX_SIDE=64, ANIMEGAN_CACHE_TTL=0,
                       ANIMEGAN_MAX_PIXELS=20_000_000, ANIMEGAN_CSRF=False,
+                      # the uploads, not the backend choice (auto's timings cost seconds)
+                      ANIMEGAN_BACKEND="torch", ANIMEGAN_PRECISION="fp32",
                       # every hostile file goes through the helper processes
                       ANIMEGAN_DECODE_ISOLATION="process")
     AnimeGAN(app)

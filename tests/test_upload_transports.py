@@ -56,6 +56,7 @@ def storm(models_dir):
     app.config.update(ANIMEGAN_MODELS_DIR=str(models_dir), ANIMEGAN_WARMUP_SIZE=0,
                       ANIMEGAN_RATE_LIMIT="", ANIMEGAN_MAX_SIDE=MAX_SIDE, ANIMEGAN_CACHE_TTL=0,
                       ANIMEGAN_SAMPLE_SIZE=0, ANIMEGAN_PRECISION="fp32", ANIMEGAN_CSRF=False,
+                      ANIMEGAN_BACKEND="torch",
                       # one thread converts a 64 px image fastest on a busy small machine
                       ANIMEGAN_TORCH_THREADS=1,
                       # every hostile file goes through the helper processes
