@@ -87,6 +87,15 @@ def _url_prefix(value: str) -> str | None:
     return None
 
 
+def _header_value(value: str) -> str | None:
+    """one line of printable ASCII (a header's value), or empty"""
+    if all(" " <= char <= "~" or char == "\t" for char in value):
+        return None
+    # a newline would fail every response (500), a character outside ASCII too, or worse
+    return ("must be one line of printable ASCII (a header's value): no line breaks, and "
+            "plain quotes ('self', not a typographic \u2019self\u2019)")
+
+
 def _rate_limit(value: str) -> str | None:
     """a flask-limiter limit, e.g. `5 per minute` or `5/minute;100/day`; empty: off
 
@@ -493,7 +502,8 @@ class Settings:
         "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'", str,
         "Content-Security-Policy header of the blueprint's responses; empty leaves it out. "
         'With your own layout (ANIMEGAN_BASE_TEMPLATE), the default is not sent: your site '
-        'sends its own policy (allow `blob:` images); a policy you set here is sent.')
+        'sends its own policy (allow `blob:` images); a policy you set here is sent.',
+        check=_header_value)
     csrf: bool = _setting(
         True, bool,
         "The extension's own CSRF token on the upload form (the JSON API needs none). It "

@@ -46,6 +46,8 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_MODELS_DIR": [""],
     "ANIMEGAN_PORTRAIT_SCENE_STYLE": [""],  # a name that is not installed: tests/test_options.py
     "ANIMEGAN_BASE_TEMPLATE": [""],
+    "ANIMEGAN_CONTENT_SECURITY_POLICY": ["default-src 'self'\nX-Injected: 1", "default-src 'self'\r",
+                                         "default-src \u2019self\u2019", "default-src 'self' \x00"],
     "ANIMEGAN_PAGE_DECORATORS": ["login_required", ["flask_login."], [5], ["a b.c"]],
     "ANIMEGAN_API_DECORATORS": ["login_required", [None], ["flask_login..login_required"]],
     "ANIMEGAN_ADMIN_CHECK": ["is_admin", "site.", "a b.c", ".site"],
