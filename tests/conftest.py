@@ -31,21 +31,9 @@ __all__ = ["free_port"]  # tests import it from here
 SERVER_FIXTURES = {"redis_server": "redis"}
 
 
-#: The fast loop's longest files, longest first (seconds on 2 cores, `pytest --durations=0`).
-#: pytest-xdist's ``--dist loadfile`` hands files out in collection order, so these go
-#: first: alphabetical order left the longest ones (test_options, test_tiles,
-#: test_upload_transports) for the end, and one worker ran them alone for up to half a minute.
-LONGEST_FILES = {"test_options.py": 30, "test_jobs_core.py": 26, "test_jobs_api.py": 25,
-                 "test_cache.py": 21, "test_tiles.py": 20, "test_upload_transports.py": 19,
-                 "test_cli.py": 18, "test_media.py": 17, "test_decode_limits.py": 11,
-                 "test_media_hostile.py": 10}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the longest files first (LONGEST_FILES); mark the tests that use a server
-    fixture, directly or through a parameter named after the server (``uri`` = "redis" in
-    tests/test_storage.py)."""
-    items.sort(key=lambda item: -LONGEST_FILES.get(item.path.name, 0))  # stable
+    """Mark the tests that use a server fixture, directly or through a parameter named
+    after the server (``uri`` = "redis" in tests/test_storage.py)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
