@@ -124,30 +124,40 @@ def apng(n: int = 10, size: tuple[int, int] = (96, 64),
 
 
 #: container -> (PyAV's muxer, video codec, audio codec)
-CONTAINERS = {
+CONTAINERS: dict[str, tuple[str, str, str | None]] = {
     "mp4": ("mp4", "libx264", "aac"),
     "mov": ("mov", "libx264", "aac"),
     "webm": ("webm", "libvpx", "libopus"),
+    # containers that are not read (415): silent clips only
+    "avi": ("avi", "mpeg4", None),
+    "mpeg": ("mpeg", "mpeg2video", None),
+    "mpegts": ("mpegts", "mpeg2video", None),
+    "flv": ("flv", "flv", None),
+    "asf": ("asf", "mpeg4", None),
 }
 
 
 def video_clip(seconds: float = 1.0, fps: float = 10, size: tuple[int, int] = (96, 64),
                container: str = "mp4", audio: bool = True, static_seconds: float = 0.0,
-               name: str = "chelsea", codec: str | None = None, crf: int = 23) -> bytes:
+               name: str = "chelsea", codec: str | None = None, crf: int = 23,
+               pix_fmt: str | None = None, audio_codec: str | None = None) -> bytes:
     """A clip of ``seconds`` at ``fps`` (``static_seconds`` of it a static shot first),
     with a mono sine tone of the same length when ``audio``. ``codec``: another video
-    codec than the container's usual one (FFmpeg's encoder name); ``crf``: x264's quality
+    codec than the container's usual one (FFmpeg's encoder name), ``pix_fmt`` its pixel
+    format, ``audio_codec`` another audio encoder; ``crf``: x264's quality
     (lower is better: at 23, a static shot's frames differ by more than the cache's rule
     for "the same photo" allows, as the encoder refines the picture frame by frame)."""
-    muxer, video_codec, audio_codec = CONTAINERS[container]
+    muxer, video_codec, audio_codec_default = CONTAINERS[container]
     video_codec = codec or video_codec
+    audio_codec = audio_codec or audio_codec_default
+    assert audio_codec or not audio, f"no audio codec for {container}: pass audio=False"
     count = max(1, round(seconds * fps))
     rate = Fraction(fps).limit_denominator(1001)
     buffer = io.BytesIO()
     with av.open(buffer, "w", format=muxer) as out:
         video = out.add_stream(video_codec, rate=rate)
         video.width, video.height = size
-        video.pix_fmt = "rgb24" if video_codec == "png" else "yuv420p"
+        video.pix_fmt = pix_fmt or ("rgb24" if video_codec == "png" else "yuv420p")
         video.codec_context.time_base = 1 / rate
         if video_codec == "libx264":
             video.options = {"preset": "ultrafast", "crf": str(crf)}

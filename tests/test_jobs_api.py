@@ -75,6 +75,9 @@ MEDIA = {
     "webp": (lambda: webp_animation(8), "image/webp"),
     "apng": (lambda: apng(8), "image/apng"),
     "mp4": (lambda: video_clip(0.8, fps=10, audio=True), "video/mp4"),
+    # AV1 with MP3 sound: both decoded by a library of their own (libdav1d, mp3float)
+    "av1": (lambda: video_clip(0.8, fps=10, codec="libsvtav1", audio_codec="libmp3lame"),
+            "video/mp4"),
 }
 
 
@@ -111,7 +114,7 @@ def test_a_gif_job_goes_from_202_to_its_result(jclient, transport):
     assert preview.mimetype == "image/jpeg" and open_image(preview.data).format == "JPEG"
 
 
-@pytest.mark.parametrize("kind", ["webp", "apng", "mp4"])
+@pytest.mark.parametrize("kind", ["webp", "apng", "mp4", "av1"])
 def test_every_kind_of_file_ends_as_the_same_kind(jclient, kind):
     make, mimetype = MEDIA[kind]
     body = make()
@@ -121,11 +124,24 @@ def test_every_kind_of_file_ends_as_the_same_kind(jclient, kind):
     assert done["state"] == "done", done
     result = jclient.get(done["result_url"])
     assert result.mimetype == mimetype == done["result_mimetype"]
-    if kind == "mp4":
+    if mimetype == "video/mp4":
         decoded = decoded_video(result.data)
         assert decoded["frames"] == done["frames_total"] == 8 and decoded["audio"]
     else:
         assert Image.open(io.BytesIO(result.data)).n_frames == done["frames_total"] == 8
+
+
+@pytest.mark.parametrize("container", ["avi", "mpeg", "flv"])
+@pytest.mark.parametrize("path", ["/animegan/jobs", "/animegan/convert"])
+def test_a_video_in_a_container_that_is_not_read_is_415_naming_those_that_are(
+        jclient, path, container):
+    """Not "the file is not an image": the sender hears which videos are converted."""
+    body = video_clip(0.5, fps=10, container=container, audio=False)
+    response = jclient.post(path, data={"image": (io.BytesIO(body), "clip.bin")},
+                            content_type="multipart/form-data")
+    assert response.status_code == 415
+    assert re.match(r"\S+ videos are not accepted; .*an MP4, WebM or MOV video",
+                    response.get_json()["error"])
 
 
 def test_progress_is_reported_while_a_job_runs(jclient):

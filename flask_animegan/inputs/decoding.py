@@ -327,10 +327,11 @@ def webp_canvas(data: bytes) -> tuple[int, int] | None:
             1 + int.from_bytes(data[27:30], "little"))
 
 
-def open_upload(data: bytes, limits: DecodeLimits) -> OpenedUpload:
-    """Open ``data`` lazily and check everything the header tells; no pixel is decoded."""
+def open_upload(data: bytes, limits: DecodeLimits, hint: str = ACCEPTED_HINT) -> OpenedUpload:
+    """Open ``data`` lazily and check everything the header tells; no pixel is decoded.
+    ``hint``: what the errors for a file that is no image at all tell the sender to send."""
     if not data:
-        raise BadImage(f"the upload is empty; {ACCEPTED_HINT}")
+        raise BadImage(f"the upload is empty; {hint}")
     layout = jpeg_layout(data) if data.startswith(b"\xff\xd8\xff") else None
     if layout is not None and layout.kept_bytes > limits.max_bytes:
         # checked before Pillow reads the segments: it keeps a tuple for each
@@ -347,12 +348,12 @@ def open_upload(data: bytes, limits: DecodeLimits) -> OpenedUpload:
     try:
         image = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
     except UnidentifiedImageError:
-        raise _unidentified(data) from None
+        raise _unidentified(data, hint) from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageTooLarge(f"the image has too many pixels; the limit is "
                             f"{limits.max_pixels:,}") from None
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt headers
-        raise _corrupt("image", exc) from None
+        raise _corrupt("image", exc, hint) from None
     width, height = image.size
     if width < 1 or height < 1:
         raise BadImage("the image has no pixels")
@@ -495,19 +496,19 @@ def _open_and_plan(data: bytes, limits: DecodeLimits, size: int,
     return opened, needed, source_size
 
 
-def _corrupt(fmt: str | None, exc: BaseException) -> BadImage:
+def _corrupt(fmt: str | None, exc: BaseException, hint: str = ACCEPTED_HINT) -> BadImage:
     return BadImage(f"the {fmt or 'image'} file is truncated or corrupt and cannot be "
-                    f"decoded ({exc.__class__.__name__}); {ACCEPTED_HINT}")
+                    f"decoded ({exc.__class__.__name__}); {hint}")
 
 
-def _unidentified(data: bytes) -> Exception:
+def _unidentified(data: bytes, hint: str) -> Exception:
     """415 for an image in a format we do not accept, 400 for anything else."""
     try:
         with Image.open(io.BytesIO(data)) as other:
             fmt = other.format
     except Exception:  # noqa: BLE001 - not an image at all
-        return BadImage(f"the file is not an image this server can read; {ACCEPTED_HINT}")
-    return UnsupportedImage(f"{fmt} images are not accepted; {ACCEPTED_HINT}")
+        return BadImage(f"the file is not an image this server can read; {hint}")
+    return UnsupportedImage(f"{fmt} images are not accepted; {hint}")
 
 
 # -- orientation -----------------------------------------------------------------------

@@ -132,6 +132,9 @@ def probe(data: bytes, limits: MediaLimits, decode: DecodeLimits) -> MediaInfo:
     if not data:
         raise BadImage(f"the upload is empty; {MEDIA_HINT}")
     video = _video_demuxer(data)
+    other = other_container(data)
+    if video is None and other is not None:
+        raise UnsupportedImage(f"{other} videos are not accepted; {MEDIA_HINT}")
     if video is not None:
         info = _probe_video(data, video, decode, min(limits.max_pixels, decode.max_pixels))
     else:
@@ -199,7 +202,7 @@ def _name(info: MediaInfo) -> str:
 
 def _probe_picture(data: bytes, decode: DecodeLimits) -> MediaInfo:
     """A still or an animation: Pillow's header checks, then the file's own blocks."""
-    opened = decoding.open_upload(data, decode)  # BadImage / UnsupportedImage / 413
+    opened = decoding.open_upload(data, decode, MEDIA_HINT)  # 400 / 415 / 413
     image = opened.image
     fmt = str(image.format)
     width, height = image.size
@@ -344,6 +347,25 @@ def _video_demuxer(data: bytes) -> str | None:
     return None
 
 
+def other_container(data: bytes) -> str | None:
+    """The name of a video container that is not read (AVI, MPEG, FLV, ...), by its
+    signature, so that its sender hears which containers are; None: not one of them."""
+    if data[:4] == b"RIFF" and data[8:12] == b"AVI ":
+        return "AVI"
+    if data[:4] in (b"\x00\x00\x01\xba", b"\x00\x00\x01\xb3"):
+        return "MPEG"
+    if not data.startswith(b"GIF") and len(data) > 564 and all(
+            data[at] == 0x47 for at in range(0, 565, 188)):  # four 188-byte packets
+        return "MPEG-TS"
+    if data[:3] == b"FLV":
+        return "FLV"
+    if data[:4] == b"\x30\x26\xb2\x75":
+        return "ASF/WMV"
+    if data[:4] == b"OggS":
+        return "Ogg"
+    return None
+
+
 def _open_video(data: bytes, demuxer: str, max_pixels: int | None = None) -> Any:
     """The container; ``max_pixels``: the frames FFmpeg decodes while it opens the file
     (to find the streams' parameters) are refused over it before they are allocated (the
@@ -354,6 +376,12 @@ def _open_video(data: bytes, demuxer: str, max_pixels: int | None = None) -> Any
     if max_pixels is not None:
         options["max_pixels"] = str(2 * max_pixels + (1 << 20))  # see _cap_pixels
     return av.open(io.BytesIO(data), format=demuxer, options=options)
+
+
+def codec_name(stream: Any) -> str:
+    """FFmpeg's name of ``stream``'s codec ("av1"), not of the decoder PyAV picked for it
+    ("libdav1d"; "mp3float" for "mp3")."""
+    return str(stream.codec_context.codec.canonical_name)
 
 
 def _video_format(data: bytes, demuxer: str) -> str:
@@ -370,7 +398,7 @@ def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits,
             if not container.streams.video:
                 raise BadImage(f"the {fmt} file has no video stream; {MEDIA_HINT}")
             stream = container.streams.video[0]
-            codec = stream.codec_context.name
+            codec = codec_name(stream)
             if codec not in VIDEO_CODECS:
                 raise UnsupportedImage(f"{fmt} videos in {codec} are not accepted; "
                                        f"{MEDIA_HINT}")
@@ -631,7 +659,7 @@ def _remux_audio(container: Any, info: MediaInfo, limits: MediaLimits) -> AudioT
     import av.error
 
     source = container.streams.audio[0]
-    codec = source.codec_context.name
+    codec = codec_name(source)
     time_base = source.time_base
     if not time_base:
         raise BadImage("the video's audio stream has no time base")

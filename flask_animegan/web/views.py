@@ -42,7 +42,7 @@ from ..errors import (
     UnsupportedImage,
 )
 from ..inputs.formats import encode
-from ..inputs.media import MediaInfo
+from ..inputs.media import MEDIA_HINT, MediaInfo, other_container
 from ..pipeline import Conversion, describe_timings
 from ..service import WARMING_RETRY_AFTER, get_service
 from . import csrf, protection
@@ -373,8 +373,14 @@ def moving_upload(data: bytes) -> MediaInfo | None:
     """The probe of an animation or a video, or None for a still photo, which keeps the
     photo path. A file that only looked like one (a broken GIF, a PNG with a stray
     ``acTL``) is left to the photo decoder, which refuses it or converts it as before;
-    one over a job's limits is refused here."""
-    if not may_move(data) or get_service().jobs is None:
+    one over a job's limits is refused here, as is a video in a container that is not read
+    (AVI, MPEG, ...: 415 naming those that are)."""
+    if get_service().jobs is None:
+        return None
+    container = other_container(data)
+    if container is not None:
+        raise UnsupportedImage(f"{container} videos are not accepted; {MEDIA_HINT}")
+    if not may_move(data):
         return None
     try:
         info = probe_upload(data)
