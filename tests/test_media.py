@@ -73,6 +73,26 @@ def test_animation_round_trip(name, isolated):
     assert all(a.image.tobytes() != b.image.tobytes() for a, b in itertools.pairwise(frames))
 
 
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+def test_an_apng_default_image_that_is_not_a_frame_is_not_converted(isolated):
+    """APNG viewers never show such a default image (it is for viewers that only read
+    PNG): it was converted as a 100 ms first frame."""
+    import io
+
+    colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (220, 220, 220)]
+    red, *shown = [Image.new("RGB", (96, 64), colour) for colour in colours]
+    buffer = io.BytesIO()
+    red.save(buffer, "PNG", save_all=True, append_images=shown, default_image=True,
+             duration=[40, 50, 60, 70], loop=0)  # Pillow times the 3 frames only
+    info, frames = probe_and_frames(buffer.getvalue(), isolated)
+    assert (info.kind, info.frames, len(frames)) == ("animation", 3, 3)
+    assert info.duration_s == pytest.approx(0.15)
+    assert [f.index for f in frames] == [0, 1, 2]
+    assert [f.duration_ms for f in frames] == [40, 50, 60]
+    assert [f.pts for f in frames] == pytest.approx([0, 0.04, 0.09])
+    assert [f.image.getpixel((10, 10)) for f in frames] == colours[1:]
+
+
 def test_transparent_gif_frames_are_over_white():
     _, frames = probe_and_frames(clips.gif_from_photos(transparency=True), False, size=96)
     corner = frames[3].image.getpixel((1, 1))

@@ -300,10 +300,10 @@ def _png_layout(data: bytes) -> _Layout:
         pos = body + length + 4
     if declared is None:
         return _Layout(frames=1)
-    # Pillow decodes acTL's count (plus a default image that is not a frame); a count
-    # that understates the chunks is held to the chunks
-    layout.frames = max(declared, controls) + default_image
-    layout.milliseconds += DEFAULT_DURATION_MS * default_image
+    # Pillow decodes acTL's count (after a default image that is not a frame, which is
+    # decoded but never converted: see _animation_frames); a count that understates the
+    # chunks is held to the chunks
+    layout.frames = max(declared, controls)
     return layout
 
 
@@ -511,6 +511,11 @@ class _Counter:
         if width * height > limits.max_pixels:
             raise ImageTooLarge(f"a frame of the {name} is {width}x{height}, more than "
                                 f"{limits.max_pixels:,} pixels; send a smaller one")
+        self.add_pixels(width, height)
+
+    def add_pixels(self, width: int, height: int) -> None:
+        """Pixels decoded, frame or not, against the total."""
+        limits, name = self.limits, _name(self.info)
         self.pixels += width * height
         if self.pixels > limits.max_total_pixels:
             raise ImageTooLarge(f"the {name} has more than {limits.max_total_pixels:,} "
@@ -531,10 +536,16 @@ def _animation_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int
     with Image.open(io.BytesIO(data), formats=(info.format,)) as image:
         pts = 0.0
         index = 0
+        # an APNG's default image that is not part of the animation (shown only where APNG
+        # is not understood) is Pillow's frame 0: decoded and counted, never a frame
+        hidden = int(info.format == "PNG" and bool(image.info.get("default_image")))
+        if hidden:
+            counter.add_pixels(image.width, image.height)
+            image.load()
         while True:
-            if index:
+            if index + hidden:
                 try:
-                    image.seek(index)
+                    image.seek(index + hidden)
                 except EOFError:
                     return
             counter.add(index, image.width, image.height, pts)
