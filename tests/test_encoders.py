@@ -381,6 +381,54 @@ def test_frames_without_times_follow_their_durations():
     assert found["end"] == pytest.approx(0.75)
 
 
+#: Saturated colours, where BT.601's and BT.709's matrices differ most.
+COLOURS = [(200, 30, 30), (30, 200, 30), (30, 30, 200), (230, 200, 40)]
+#: Kr and Kb of the matrix each FFmpeg colorspace value names (AVColorSpace).
+MATRICES = {1: (0.2126, 0.0722), 5: (0.299, 0.114), 6: (0.299, 0.114)}
+
+
+def mp4_of_colours(size: tuple[int, int]) -> bytes:
+    writer = Mp4Writer(None, fps=4, quality=95)
+    for colour in COLOURS:
+        writer.add(Image.new("RGB", size, colour), 250, None)
+    return writer.finish()
+
+
+def shown(frame: av.VideoFrame, matrix: int, full_range: bool) -> tuple[int, ...]:
+    """The mean colour of a 4:2:0 frame as a player shows it that reads the stream's own
+    colour tags (``matrix``, ``full_range``), computed here from the planes."""
+    planes = frame.to_ndarray(format="yuv420p").astype(np.float64)
+    height = frame.height
+    luma, chroma = planes[:height].mean(), planes[height:].reshape(2, -1).mean(axis=1)
+    kr, kb = MATRICES[matrix]
+    if full_range:
+        y, cb, cr = luma, chroma[0] - 128, chroma[1] - 128
+    else:
+        y, cb, cr = (luma - 16) * 255 / 219, (chroma[0] - 128) * 255 / 224, (
+            chroma[1] - 128) * 255 / 224
+    red, blue = y + 2 * (1 - kr) * cr, y + 2 * (1 - kb) * cb
+    green = (y - kr * red - kb * blue) / (1 - kr - kb)
+    return tuple(round(value) for value in (red, green, blue))
+
+
+@pytest.mark.parametrize("size", [(320, 240), (1280, 720)], ids=["SD", "HD"])
+def test_an_mp4_states_its_colours_and_holds_them(size):
+    """Untagged, a browser guesses the matrix by the size: Chromium showed an HD result
+    with BT.709's while FFmpeg converted with BT.601's (green 30,200,30 as 16,174,29). The
+    stream now says BT.601 (SMPTE 170M), limited range, BT.709 primaries and transfer, and
+    its planes hold the frames' colours by that matrix."""
+    with av.open(io.BytesIO(mp4_of_colours(size))) as container:
+        stream = container.streams.video[0]
+        context = stream.codec_context
+        assert (context.colorspace, context.color_range) == (6, 1)
+        assert (context.color_primaries, context.color_trc) == (1, 1)
+        decoded = [shown(frame, context.colorspace, context.color_range == 2)
+                   for frame in container.decode(stream)]
+    assert len(decoded) == len(COLOURS)
+    for got, want in zip(decoded, COLOURS, strict=True):
+        assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= 3, (got, want)
+
+
 def test_quality_sets_the_rate_factor():
     assert [crf_for(q) for q in (100, 90, 75, 50, 1)] == [14, 18, 24, 34, 40]
     source = media.video_clip(1.0, 10, audio=False)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import need
 from media import gif_from_photos, video_clip
+from PIL import Image
 from servers import Server
 from test_browser import (  # noqa: F401
     CHROMEDRIVER,
@@ -169,3 +170,65 @@ def test_without_javascript_the_job_page_refreshes_until_the_result(
     output = driver.find_element("id", "animegan-job-output")
     assert driver.execute_script("return arguments[0].naturalWidth", output) == 192
     screenshot(driver, tmp_path, "job-no-js-done.png")
+
+
+#: Draws the first frame of the video at arguments[0] on a canvas and hands back the
+#: colour of its centre (or the media error).
+_CENTRE_COLOUR = """
+const [url, done] = arguments;
+const video = document.createElement('video');
+video.muted = true;
+video.onloadeddata = () => {
+  const canvas = document.createElement('canvas');
+  canvas.width = video.videoWidth;
+  canvas.height = video.videoHeight;
+  const context = canvas.getContext('2d');
+  context.drawImage(video, 0, 0);
+  done(Array.from(context.getImageData(canvas.width >> 1, canvas.height >> 1, 1, 1).data)
+       .slice(0, 3));
+};
+video.onerror = () => done('media error ' + (video.error && video.error.code));
+video.src = url;
+"""
+
+
+@pytest.mark.parametrize("size", [(320, 240), (1280, 720)], ids=["SD", "HD"])
+def test_in_chromium_an_mp4_result_shows_its_colours(browser, tmp_path, size):  # noqa: F811
+    """What Chromium draws of the MP4 a video job writes is the frame's colour. Untagged,
+    it read an HD result with BT.709's matrix: green 30,200,30 showed as 16,174,29."""
+    import functools
+    import http.server
+    import threading
+
+    from test_encoders import COLOURS
+
+    from flask_animegan.jobs.encoders import Mp4Writer
+
+    need(CHROMIUM is not None and CHROMEDRIVER is not None,
+         "the browser tests need Debian's chromium and chromium-driver")
+    for index, colour in enumerate(COLOURS):
+        writer = Mp4Writer(None, fps=2, quality=95)
+        for _ in range(2):
+            writer.add(Image.new("RGB", size, colour), 500, None)
+        (tmp_path / f"{index}.mp4").write_bytes(writer.finish())
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    files = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    try:
+        driver = browser()
+        driver.set_script_timeout(60)
+        base = f"http://127.0.0.1:{files.server_port}"
+        driver.get(f"{base}/")
+        shown = [driver.execute_async_script(_CENTRE_COLOUR, f"{base}/{index}.mp4")
+                 for index in range(len(COLOURS))]
+    finally:
+        files.shutdown()
+        files.server_close()
+    for got, want in zip(shown, COLOURS, strict=True):
+        assert isinstance(got, list), got
+        assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= 4, (shown, COLOURS)

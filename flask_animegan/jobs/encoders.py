@@ -73,6 +73,15 @@ AUDIO_TIMEOUT_S = 15.0
 #: The MP4's video time base: 90 kHz is a whole number of ticks for every usual frame rate
 #: (24, 25, 30000/1001, 50, 60) and for every millisecond.
 VIDEO_TIME_BASE = Fraction(1, 90_000)
+#: The MP4's colours, stated in its stream (FFmpeg's enum values): BT.601's matrix (SMPTE
+#: 170M) in limited ("TV") range, BT.709's primaries and transfer (sRGB's primaries).
+#: Untagged, a browser guesses by size: Chromium read an HD result with BT.709's matrix while
+#: FFmpeg's default conversion is BT.601's, so green 30,200,30 showed as 16,174,29. BT.601
+#: rather than BT.709: Chromium's 8-bit BT.709 path loses up to 8 levels of a saturated blue.
+MATRIX = 6  # AVCOL_SPC_SMPTE170M
+SWS_MATRIX = 5  # the same matrix as libswscale names it (SWS_CS_ITU601)
+BT709 = 1  # AVCOL_PRI_BT709, AVCOL_TRC_BT709
+LIMITED_RANGE = 1  # AVCOL_RANGE_MPEG
 #: libx264's speed/size trade-off; its lookahead (20 frames) bounds the encoder's memory.
 X264_PRESET = "faster"
 
@@ -414,6 +423,9 @@ class Mp4Writer:
         video = out.add_stream("libx264", rate=self._rate)
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         video.codec_context.time_base = VIDEO_TIME_BASE
+        context = video.codec_context
+        context.colorspace, context.color_range = MATRIX, LIMITED_RANGE
+        context.color_primaries = context.color_trc = BT709
         video.codec_context.thread_count = 1
         video.options = {"crf": str(self._crf), "preset": X264_PRESET}
         self._out, self._video = out, video
@@ -437,7 +449,9 @@ class Mp4Writer:
         if self._frames:
             ticks = max(ticks, self._last_pts + 1)  # presentation times only go forward
         duration = max(round(duration_ms / 1000 / VIDEO_TIME_BASE), 1)
-        frame = av.VideoFrame.from_ndarray(np.asarray(image), format="rgb24")
+        frame = av.VideoFrame.from_ndarray(np.asarray(image), format="rgb24").reformat(
+            format="yuv420p", dst_colorspace=SWS_MATRIX, dst_color_range=LIMITED_RANGE)
+        frame.colorspace, frame.color_range = MATRIX, LIMITED_RANGE
         frame.pts, frame.time_base, frame.duration = ticks, VIDEO_TIME_BASE, duration
         self._last_pts, self._next_pts = ticks, ticks + duration
         self._durations[ticks] = duration
