@@ -17,10 +17,15 @@ durations), so a static shot survives only in videos.
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import math
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
+from pathlib import Path
 
 import av
 import numpy as np
@@ -191,6 +196,33 @@ def _tone(seconds: float, chunk: int) -> Iterator[av.AudioFrame]:
         frame.pts = start
         frame.time_base = Fraction(1, AUDIO_RATE)
         yield frame
+
+
+#: Encoders whose threads run on their own (thread pools, lookahead): their clips are made
+#: in a fresh interpreter, killed past a timeout. In a test worker that already holds
+#: torch's and FFmpeg's threads, one such encode once spun at full CPU for 20 minutes.
+THREADED_ENCODERS = frozenset({"libsvtav1", "libx265"})
+
+
+@functools.cache
+def isolated_clip(**options: object) -> bytes:
+    """:func:`video_clip` with ``options`` (JSON values), made in a child interpreter within
+    60 s, tried three times."""
+    code = ("import json, sys; from media import video_clip; "
+            "options = json.loads(sys.stdin.read()); "
+            "options['size'] = tuple(options.get('size', (96, 64))); "
+            "sys.stdout.buffer.write(video_clip(**options))")
+    for attempt in range(3):
+        try:
+            done = subprocess.run([sys.executable, "-c", code], input=json.dumps(options).encode(),
+                                  capture_output=True, timeout=60, check=True,
+                                  cwd=Path(__file__).parent)
+        except subprocess.TimeoutExpired:
+            if attempt == 2:
+                raise
+            continue
+        return done.stdout
+    raise AssertionError("unreachable")
 
 
 def decoded_video(data: bytes) -> dict[str, object]:

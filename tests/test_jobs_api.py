@@ -16,7 +16,14 @@ import av
 import pytest
 from conftest import build_app, open_image
 from flask import got_request_exception
-from media import apng, decoded_video, gif_from_photos, video_clip, webp_animation
+from media import (
+    apng,
+    decoded_video,
+    gif_from_photos,
+    isolated_clip,
+    video_clip,
+    webp_animation,
+)
 from PIL import Image
 from upload_variants import bit_flips, prefixes
 
@@ -76,8 +83,8 @@ MEDIA = {
     "apng": (lambda: apng(8), "image/apng"),
     "mp4": (lambda: video_clip(0.8, fps=10, audio=True), "video/mp4"),
     # AV1 with MP3 sound: both decoded by a library of their own (libdav1d, mp3float)
-    "av1": (lambda: video_clip(0.8, fps=10, codec="libsvtav1", audio_codec="libmp3lame"),
-            "video/mp4"),
+    "av1": (lambda: isolated_clip(seconds=0.8, fps=10, codec="libsvtav1",
+                                  audio_codec="libmp3lame"), "video/mp4"),
 }
 
 

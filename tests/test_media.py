@@ -180,8 +180,9 @@ def test_every_accepted_codec_is_probed_and_decoded(codec, isolated):
     is decoded by libdav1d, and was refused as "videos in libdav1d" while the message
     listed AV1."""
     encoder, container, pix_fmt = CODEC_CLIPS[codec]
-    data = clips.video_clip(seconds=0.6, fps=10, container=container, audio=False,
-                            codec=encoder, pix_fmt=pix_fmt)
+    make = clips.isolated_clip if encoder in clips.THREADED_ENCODERS else clips.video_clip
+    data = make(seconds=0.6, fps=10, container=container, audio=False, codec=encoder,
+                pix_fmt=pix_fmt)
     info, frames = probe_and_frames(data, isolated)
     assert (info.kind, info.width, info.height) == ("video", 96, 64)
     assert info.frames == len(frames) == 6
