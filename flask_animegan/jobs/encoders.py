@@ -422,11 +422,11 @@ class Mp4Writer:
         out = av.open(self._file.name, "w", format="mp4", options={"movflags": "+faststart"})
         video = out.add_stream("libx264", rate=self._rate)
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
-        video.codec_context.time_base = VIDEO_TIME_BASE
         context = video.codec_context
+        context.time_base = VIDEO_TIME_BASE
         context.colorspace, context.color_range = MATRIX, LIMITED_RANGE
         context.color_primaries = context.color_trc = BT709
-        video.codec_context.thread_count = 1
+        context.thread_count = 1
         video.options = {"crf": str(self._crf), "preset": X264_PRESET}
         self._out, self._video = out, video
         if self._source is not None and self._in_audio is not None:
