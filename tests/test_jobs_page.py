@@ -172,20 +172,32 @@ def test_without_javascript_the_job_page_refreshes_until_the_result(
     screenshot(driver, tmp_path, "job-no-js-done.png")
 
 
-#: Draws the first frame of the video at arguments[0] on a canvas and hands back the
-#: colour of its centre (or the media error).
+#: Plays the video at arguments[0] and, once Chromium has presented a frame, draws it on
+#: a canvas and hands back the colour of its centre (or the media error). Drawn at
+#: "loadeddata" alone, a frame was sometimes still blank (0,0,0) on a busy machine.
 _CENTRE_COLOUR = """
 const [url, done] = arguments;
 const video = document.createElement('video');
 video.muted = true;
-video.onloadeddata = () => {
+video.loop = true;
+const draw = (tries) => {
   const canvas = document.createElement('canvas');
   canvas.width = video.videoWidth;
   canvas.height = video.videoHeight;
   const context = canvas.getContext('2d');
   context.drawImage(video, 0, 0);
-  done(Array.from(context.getImageData(canvas.width >> 1, canvas.height >> 1, 1, 1).data)
-       .slice(0, 3));
+  const pixel = Array.from(
+    context.getImageData(canvas.width >> 1, canvas.height >> 1, 1, 1).data);
+  if ((pixel[3] !== 255 || pixel[0] + pixel[1] + pixel[2] === 0) && tries > 0) {
+    video.requestVideoFrameCallback(() => draw(tries - 1));
+  } else {
+    video.pause();
+    done(pixel.slice(0, 3));
+  }
+};
+video.onloadeddata = () => {
+  video.requestVideoFrameCallback(() => draw(20));
+  video.play().catch((error) => done('play: ' + error));
 };
 video.onerror = () => done('media error ' + (video.error && video.error.code));
 video.src = url;
