@@ -248,11 +248,14 @@ def monitor_mib(kib: int) -> int:
 
 class MemoryWatch(threading.Thread):
     """Samples the peak resident memory (VmHWM) of the worker's child processes, which
-    die with their peaks unread otherwise, 20 times a second."""
+    die with their peaks unread otherwise, 20 times a second. A child caught between
+    (v)fork and exec is skipped: it still shares the worker's memory and shows the
+    worker's peak (CI once read 979 MiB so), not a helper's."""
 
     def __init__(self, worker: int) -> None:
         super().__init__(daemon=True)
         self.worker = worker
+        self.worker_cmdline = Path(f"/proc/{worker}/cmdline").read_bytes()
         self.stopping = threading.Event()
         self.children_peak_kib = 0  # the most their peaks summed to at one sample
         self.children_most = 0  # the most helpers alive at one sample
@@ -263,6 +266,8 @@ class MemoryWatch(threading.Thread):
             total, alive = 0, 0
             for pid in child_pids(self.worker):
                 try:
+                    if Path(f"/proc/{pid}/cmdline").read_bytes() == self.worker_cmdline:
+                        continue  # not yet a helper (before exec): the worker's pages
                     peak = proc_status_kib(pid, "VmHWM")
                 except (FileNotFoundError, StopIteration):
                     continue  # gone already, or a zombie
