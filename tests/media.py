@@ -199,8 +199,9 @@ def _tone(seconds: float, chunk: int) -> Iterator[av.AudioFrame]:
 
 
 #: Encoders whose threads run on their own (thread pools, lookahead): their clips are made
-#: in a fresh interpreter, killed past a timeout. In a test worker that already holds
-#: torch's and FFmpeg's threads, one such encode once spun at full CPU for 20 minutes.
+#: in a fresh interpreter, killed past a timeout. After they came into the tests, a test
+#: worker (which holds torch's and FFmpeg's threads) twice spun at full CPU for over 15
+#: minutes; these encoders are the suspects, the cause was never proven.
 THREADED_ENCODERS = frozenset({"libsvtav1", "libx265"})
 
 
