@@ -260,6 +260,7 @@ def test_with_javascript_preview_convert_compare_and_download(server, browser,
     statuses = driver.execute_script("return window.statuses")
     assert any(s.startswith("Converting") for s in statuses), statuses  # the busy indicator
     assert by_id(driver, "animegan-status").text.startswith("Done in ")
+    assert "cache" not in by_id(driver, "animegan-status").text
     assert by_id(driver, "animegan-submit").is_enabled()
 
     # one large before/after view, as wide as the page's column allows (48rem)
@@ -285,6 +286,12 @@ def test_with_javascript_preview_convert_compare_and_download(server, browser,
     image = open_image(wait_for_download(driver.downloads, "astronaut-toon_demo.jpg")
                        .read_bytes())
     assert image.format == "JPEG" and image.size == (256, 256)
+
+    # the same photo again: answered from the cache, and the status says so
+    by_id(driver, "animegan-submit").click()
+    wait_for(lambda: "from the cache" in by_id(driver, "animegan-status").text, 30,
+             "the status of a cached result")
+    assert by_id(driver, "animegan-status").text.startswith("Done in ")
 
 
 DROP_OR_PASTE = """

@@ -197,7 +197,10 @@
     download.download = stemOf(photo.name) + "-" + style + "." + ext;
     panel.hidden = false;
     initCompare(panel.querySelector("[data-animegan-compare]"));
-    stopClock("Done in " + elapsed + " s.");
+    // a cache hit takes no time: say why, rather than a bare "Done in 0.0 s."
+    stopClock("Done in " + elapsed + " s" + (response.headers.get("X-Cache") === "HIT" ?
+      ": this photo was converted here before with these options, so the result came " +
+      "from the cache." : "."));
     panel.focus();
   }
 
