@@ -172,7 +172,7 @@ class AnimeGANService:
         if raw is None or raw == "":
             return self.max_side
         largest = largest or self.max_side
-        text = str(raw).strip()
+        text = str(raw).strip(PARAMETER_SPACE)
         # ASCII digits only: int() also reads "٦٤", "６４" and "1_6"
         size = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else -1
         if not MIN_SIDE <= size <= largest:
@@ -183,7 +183,8 @@ class AnimeGANService:
     def parse_format(self, raw: Any) -> str:
         if raw is None or raw == "":
             return self.output_format
-        fmt = FORMAT_ALIASES.get(str(raw).lower(), str(raw).lower())
+        word = parameter_word(raw)
+        fmt = FORMAT_ALIASES.get(word, word)
         if fmt not in OUTPUT_FORMATS:
             raise BadParameter(f"format must be one of {', '.join(OUTPUT_FORMATS)}, "
                                f"got {str(raw)[:20]!r}")
@@ -386,11 +387,25 @@ class AnimeGANService:
                 "admission": self.admission.status()}
 
 
+#: What a parameter may carry around its value: spaces and tabs only (str.strip() would
+#: also drop \x1c-\x1f, which the OpenAPI document's patterns cannot say the same way).
+PARAMETER_SPACE = " \t"
+
+
+def parameter_word(raw: Any) -> str:
+    """A word parameter (format, colors, portrait, download) as compared with its values:
+    without spaces and tabs around it, in lower case if it is ASCII. (Python's lower()
+    maps the Kelvin sign to "k": "\u212aeep" is no spelling of "keep".) The OpenAPI
+    document's patterns (web/openapi.py) say exactly this."""
+    text = str(raw).strip(PARAMETER_SPACE)
+    return text.lower() if text.isascii() else text
+
+
 def _choice(name: str, raw: Any, choices: tuple[str, ...], default: str) -> str:
     """A parameter that is one of ``choices`` (any case; unset or empty: ``default``)."""
     if raw is None or raw == "":
         return default
-    value = str(raw).strip().lower()
+    value = parameter_word(raw)
     if value not in choices:
         raise BadParameter(f"{name} must be one of {', '.join(choices)}, got {str(raw)[:20]!r}")
     return value

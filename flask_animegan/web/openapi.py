@@ -9,6 +9,7 @@ tests/test_openapi.py compares the document with the URL map, so the two cannot 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from flask import Response, current_app, jsonify
@@ -39,8 +40,17 @@ _REFUSALS = {"400": _ERROR, "404": _ERROR, "413": _ERROR, "415": _ERROR, "429": 
 
 
 def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema,
-            "description": description}
+    # an empty value is the same as none (an HTML form sends one for a blank choice)
+    return {"name": name, "in": "query", "required": False, "allowEmptyValue": True,
+            "schema": schema, "description": description}
+
+
+def _any_case(words: Iterable[str]) -> dict[str, Any]:
+    """One of ``words`` as the service reads it (:func:`~flask_animegan.service.parameter_word`):
+    in any case of its ASCII letters, with spaces and tabs around it."""
+    spelled = ("".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c)
+                       for c in word) for word in words)
+    return {"type": "string", "pattern": f"^[ \\t]*(?:{'|'.join(spelled)})[ \\t]*$"}
 
 
 def _path(name: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -59,11 +69,11 @@ def _conversion_parameters() -> list[dict[str, Any]]:
                f"Long side of the output in pixels; unset: {service.max_side}. Over "
                f"{service.max_side}, it costs ceil((size / {service.max_side})^2) conversions "
                "of the rate limit"),
-        _query("format", {"type": "string", "enum": ["jpeg", "jpg", *OUTPUT_FORMATS[1:]]},
+        _query("format", _any_case(["jpeg", "jpg", *OUTPUT_FORMATS[1:]]),
                "Output format; unset: ANIMEGAN_OUTPUT_FORMAT"),
-        _query("colors", {"type": "string", "enum": list(COLOR_MODES)},
+        _query("colors", _any_case(COLOR_MODES),
                "off: the style's colours; luma: the photo's brightness; keep: its colours"),
-        _query("portrait", {"type": "string", "enum": list(PORTRAIT_MODES)},
+        _query("portrait", _any_case(PORTRAIT_MODES),
                "Portrait mode: faces converted on their own (docs/portrait.md)"),
     ]
 
@@ -93,8 +103,8 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
     conversion = _conversion_parameters()
     token = _path("token")
     job_id = _path("job_id")
-    download = _query("download", {"type": "string", "enum": ["1", "0", "true", "false",
-                                                              "yes", "no", "on", "off"]},
+    download = _query("download", _any_case(["1", "0", "true", "false", "yes", "no", "on",
+                                          "off"]),
                       "1: as an attachment (Content-Disposition)")
     return {
         ("animegan.index", "get"): {

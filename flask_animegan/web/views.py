@@ -44,7 +44,7 @@ from ..errors import (
 from ..inputs.formats import encode
 from ..inputs.media import MEDIA_HINT, MediaInfo, other_container
 from ..pipeline import Conversion, describe_timings
-from ..service import WARMING_RETRY_AFTER, get_service
+from ..service import WARMING_RETRY_AFTER, get_service, parameter_word
 from . import csrf, protection
 from .blueprint import blueprint
 from .clients import client_key, is_loopback
@@ -552,7 +552,7 @@ def _data_url(mimetype: str, data: bytes) -> str:
 def _download_wanted(raw: str) -> bool:
     """``?download=1`` (true, yes, on) asks for an attachment; 0 (false, no, off) or none
     for the image inline; anything else is refused rather than guessed."""
-    value = raw.strip().lower()
+    value = parameter_word(raw)
     if value in _YES or value in _NO:
         return value in _YES
     raise BadParameter(f"download must be 1 or 0, got {raw[:20]!r}")
