@@ -162,7 +162,15 @@ class AnimeGAN:
     @staticmethod
     def _models_dir(app: Flask, settings: Settings) -> Path:
         path = Path(settings.models_dir)
-        return path if path.is_absolute() else Path(app.root_path) / path
+        path = path if path.is_absolute() else Path(app.root_path) / path
+        # A folder that does not exist yet is fine (`flask animegan pull` makes it); a file
+        # there can never hold a style.
+        if path.exists() and not path.is_dir():
+            raise RuntimeError(
+                f"flask_animegan configuration error: ANIMEGAN_MODELS_DIR={str(path)!r} is "
+                "a file, not a folder: give the folder that holds (or will hold) the "
+                "NAME.pt styles")
+        return path
 
     @staticmethod
     def _stores(settings: Settings, secret: Any) -> tuple[NearDuplicateCache, ResultStore]:

@@ -113,6 +113,20 @@ def test_bad_config_fails_at_startup_naming_the_key(models_dir, key, value, mess
         AnimeGAN(base_app(models_dir, **{key: value}))
 
 
+def test_a_models_dir_that_is_a_file_fails_at_startup_and_a_missing_one_does_not(
+        models_dir, tmp_path):
+    a_file = tmp_path / "styles.pt"
+    a_file.write_bytes((models_dir / "test_style.pt").read_bytes())
+    with pytest.raises(RuntimeError, match=r"ANIMEGAN_MODELS_DIR=.*is a file, not a folder"):
+        AnimeGAN(base_app(models_dir, ANIMEGAN_MODELS_DIR=str(a_file)))
+    # a folder still to be made (`flask animegan pull` makes it) starts, and says what to do
+    app = base_app(models_dir, ANIMEGAN_MODELS_DIR=str(tmp_path / "later"))
+    AnimeGAN(app)
+    response = app.test_client().post("/animegan/convert", data=photo_bytes(),
+                                      content_type="image/jpeg")
+    assert response.status_code == 503 and "flask animegan pull" in response.json["error"]
+
+
 def test_service_outside_an_initialised_app_says_what_to_do():
     app = Flask("bare")
     with app.app_context(), pytest.raises(RuntimeError, match=r"forget AnimeGAN\(app\)"):
