@@ -244,7 +244,8 @@ class Settings:
         low=1, high=64)
     url_prefix: str = _setting(
         '/animegan', str,
-        'URL prefix of the blueprint.',
+        "URL prefix of the blueprint. `/` mounts it at the site's root; a prefix that "
+        "puts one of its routes where the app already has one stops the app at start.",
         check=_url_prefix)
     max_side: int = _setting(
         512, int,

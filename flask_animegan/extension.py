@@ -56,6 +56,27 @@ def _check_csrf_secret(app: Flask, settings: Settings) -> None:
         "something else protects the form, set ANIMEGAN_CSRF = False")
 
 
+def _check_no_route_is_shadowed(app: Flask, prefix: str) -> None:
+    """Refuse a prefix that puts one of the blueprint's routes where the app already has
+    one (at the site's root, the host's ``/`` or ``/healthz``): the first one registered
+    would answer, and the other would be unreachable. Only routes made before
+    ``init_app`` can be seen."""
+    ours, theirs = [], {}
+    for rule in app.url_map.iter_rules():
+        if (rule.endpoint or "").startswith(f"{blueprint.name}."):
+            ours.append(rule)
+        else:
+            theirs.setdefault(rule.rule, []).append(rule)
+    for rule in ours:
+        for other in theirs.get(rule.rule, ()):
+            if (rule.methods or set()) & (other.methods or set()) - {"HEAD", "OPTIONS"}:
+                raise RuntimeError(
+                    f"flask_animegan configuration error: ANIMEGAN_URL_PREFIX={prefix!r} "
+                    f"puts {rule.rule} ({rule.endpoint}) where the app already has a route "
+                    f"({other.endpoint}): give another prefix, e.g. '/animegan', or move "
+                    "that route")
+
+
 def _check_default_style(name: str | None, engine: InferenceEngine) -> None:
     """Refuse an ANIMEGAN_DEFAULT_STYLE that can never serve: not a style name, or neither
     installed nor one `flask animegan pull` knows. An official style not pulled yet is
@@ -154,6 +175,7 @@ class AnimeGAN:
                                   own, metrics, jobs)
         app.extensions[EXTENSION_KEY] = service
         app.register_blueprint(blueprint, url_prefix=settings.url_prefix)
+        _check_no_route_is_shadowed(app, settings.url_prefix)
         # Requests under the prefix that match no route (404, 405, 308) never reach the
         # blueprint's handlers; give them its headers and error bodies too.
         app.after_request(routing_error_response)

@@ -318,7 +318,7 @@ fetch(arguments[1]).then(r => r.blob()).then(blob => {
 def test_a_dropped_or_pasted_photo_is_converted(server, browser, kind):
     driver = browser()
     driver.get(f"{server.url}/animegan/")
-    photo_url = f"{server.url}/animegan/static/sample-photo.jpg"  # 192x192
+    photo_url = f"{server.url}/animegan/animegan-static/sample-photo.jpg"  # 192x192
     assert driver.execute_async_script(DROP_OR_PASTE, kind, photo_url) == 1
     wait_for(lambda: by_id(driver, "animegan-preview").is_displayed(), 10, "the preview")
     by_id(driver, "animegan-submit").click()

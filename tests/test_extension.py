@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 import pytest
 from conftest import TEST_CONFIG, encode_image, photo, photo_bytes
@@ -125,6 +126,68 @@ def test_a_models_dir_that_is_a_file_fails_at_startup_and_a_missing_one_does_not
     response = app.test_client().post("/animegan/convert", data=photo_bytes(),
                                       content_type="image/jpeg")
     assert response.status_code == 503 and "flask animegan pull" in response.json["error"]
+
+
+def root_site(models_dir, tmp_path) -> Flask:
+    """A site with its own static folder and 404 page, the converter at its root."""
+    (tmp_path / "static").mkdir()
+    (tmp_path / "static" / "site.css").write_text("body { margin: 0 }")
+    app = Flask("host", root_path=str(tmp_path))
+    app.config.update(base_app(models_dir, ANIMEGAN_URL_PREFIX="/").config)
+
+    @app.errorhandler(404)
+    def not_found(error):
+        return "<h1>The site's own 404</h1>", 404
+
+    @app.get("/about")
+    def about():
+        return "about us"
+
+    AnimeGAN(app)
+    return app
+
+
+def test_mounted_at_the_sites_root_the_page_has_its_css_and_script(models_dir, tmp_path):
+    client = root_site(models_dir, tmp_path).test_client()
+    html = client.get("/").get_data(as_text=True)
+    assets = re.findall(r'(?:href|src)="(/[^"]+\.(?:css|js))"', html)
+    assert len(assets) == 2, html
+    for path in assets:  # the site's own /static/ route must not answer these
+        with client.get(path) as response:
+            assert response.status_code == 200 and b"animegan" in response.data, path
+    with client.get("/static/site.css") as response:  # the site's own still works
+        assert response.status_code == 200
+
+
+def test_mounted_at_the_sites_root_the_sites_404s_stay_the_sites(models_dir, tmp_path):
+    client = root_site(models_dir, tmp_path).test_client()
+    for path in ("/no-such-page", "/about/more", "/static/none.css"):
+        response = client.get(path)
+        assert response.status_code == 404 and "own 404" in response.get_data(as_text=True)
+    assert client.get("/about").get_data(as_text=True) == "about us"
+    # a path of the converter's own routes keeps the converter's JSON errors
+    for path, status in (("/convert", 405), ("/jobs/nope/unknown", 404), ("/styles/x", 404)):
+        response = client.get(path)
+        assert response.status_code == status and response.json["status"] == status, path
+    ok = client.post("/convert", data=photo_bytes(), content_type="image/jpeg")
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("prefix,route", [("/", "/"), ("/", "/healthz"),
+                                           ("/tools", "/tools/convert")])
+def test_a_prefix_that_puts_a_route_over_the_sites_own_fails_at_startup(models_dir, prefix,
+                                                                       route):
+    app = base_app(models_dir, ANIMEGAN_URL_PREFIX=prefix)
+    methods = ["POST"] if route.endswith("convert") else ["GET"]
+    app.add_url_rule(route, "sites_own", lambda: "the site's", methods=methods)
+    with pytest.raises(RuntimeError, match=rf"ANIMEGAN_URL_PREFIX='{prefix}' puts {route} "
+                                           r"\(animegan\.\w+\) where the app already has a "
+                                           r"route \(sites_own\)"):
+        AnimeGAN(app)
+    # the same route with other methods shadows nothing
+    other = base_app(models_dir, ANIMEGAN_URL_PREFIX=prefix)
+    other.add_url_rule(route, "sites_own", lambda: "the site's", methods=["PUT"])
+    AnimeGAN(other)
 
 
 def test_service_outside_an_initialised_app_says_what_to_do():

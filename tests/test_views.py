@@ -32,9 +32,9 @@ def test_page_has_a_form_that_works_without_javascript(client):
     # the page's own CSS and JS come from the package (no CDN, nothing inline)
     assert re.findall(r'(?:src|href)="(https?:)?//', html) == []
     assert re.findall(r"<script[^>]*>", html) == [
-        '<script src="/animegan/static/animegan.js" defer>']
+        '<script src="/animegan/animegan-static/animegan.js" defer>']
     for asset, marker in (("animegan.css", b".animegan"), ("animegan.js", b"animegan-form")):
-        with client.get(f"/animegan/static/{asset}") as response:
+        with client.get(f"/animegan/animegan-static/{asset}") as response:
             assert response.status_code == 200 and marker in response.data
 
 

@@ -250,6 +250,18 @@ def _path_only(url: str) -> str:
     return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
+def _under_our_routes(path: str, prefix: str) -> bool:
+    """Whether ``path`` is the blueprint's: under its prefix, or, mounted at the site's
+    root (prefix ""), where the host's own pages also live, under the first segment of
+    one of its routes (``/convert``, ``/jobs/...``; not the host's ``/no-such-page``)."""
+    if prefix:
+        return path == prefix or path.startswith(prefix + "/")
+    first = path.split("/", 2)[1] if path.startswith("/") else ""
+    return first != "" and any(
+        rule.rule.split("/", 2)[1] == first for rule in current_app.url_map.iter_rules()
+        if (rule.endpoint or "").startswith(f"{blueprint.name}."))
+
+
 def routing_error_response(response: Response) -> Response:
     """For requests under the prefix that matched no route: our status, headers and JSON
     error body, whatever the host's handlers (``app_errorhandler(404)``,
@@ -260,8 +272,7 @@ def routing_error_response(response: Response) -> Response:
     """
     if request.routing_exception is None or request.blueprint is not None:
         return response
-    prefix = get_service().settings.url_prefix.rstrip("/")
-    if not (request.path == prefix or request.path.startswith(prefix + "/")):
+    if not _under_our_routes(request.path, get_service().settings.url_prefix.rstrip("/")):
         return response
     if isinstance(request.routing_exception, RequestRedirect):
         # Werkzeug's slash redirect (/animegan -> /animegan/) is absolute, built from the
