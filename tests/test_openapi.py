@@ -71,6 +71,20 @@ def test_the_document_follows_the_prefix_and_the_largest_size(make_app):
     assert size["schema"]["maximum"] == 512
 
 
+def test_behind_a_proxy_that_mounts_the_app_the_document_names_its_server(client):
+    """A client resolves the paths against ``servers`` (relative to the document's own
+    address): with the app mounted at /site (SCRIPT_NAME), that is /site, not /."""
+    from urllib.parse import urljoin
+
+    assert client.get("/animegan/openapi.json").json["servers"] == [{"url": "/"}]
+    base = "http://localhost/site"
+    document = client.get("/animegan/openapi.json", base_url=base).json
+    assert document["servers"] == [{"url": "/site"}]
+    where = urljoin(f"{base}/animegan/openapi.json", document["servers"][0]["url"])
+    assert where + "/animegan/styles" == f"{base}/animegan/styles"
+    assert client.get("/animegan/styles", base_url=base).status_code == 200
+
+
 def test_the_errors_the_document_promises_are_the_ones_sent(client):
     answer = client.post("/animegan/convert", query_string={"style": "nope"}, data=b"x",
                          content_type="image/jpeg")

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from flask import Response, current_app, jsonify
+from flask import Response, current_app, jsonify, request
 
 from ..config import OUTPUT_FORMATS
 from ..inputs.colors import COLOR_MODES
@@ -271,6 +271,9 @@ def document() -> dict[str, Any]:
     return {"openapi": "3.1.0",
             "info": {"title": "flask-animegan", "version": "1",
                      "description": "Photos to anime pictures (docs/http-api.md)"},
+            # where the app itself is mounted (SCRIPT_NAME, e.g. a proxy's /site): a
+            # relative URL, so clients resolve it against the document's own address
+            "servers": [{"url": request.script_root or "/"}],
             "paths": dict(sorted(paths.items())), "components": _COMPONENTS}
 
 
