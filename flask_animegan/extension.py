@@ -32,6 +32,7 @@ from .web.views import routing_error_response  # the views register their routes
 
 if TYPE_CHECKING:  # typing.Unpack is new in Python 3.11
     from typing_extensions import Unpack
+    from werkzeug.routing import Rule
 
 EXTENSION_KEY = "animegan"
 #: The package logs here (the startup line, one line per conversion); gunicorn.conf.py
@@ -61,7 +62,8 @@ def _check_no_route_is_shadowed(app: Flask, prefix: str) -> None:
     one (at the site's root, the host's ``/`` or ``/healthz``): the first one registered
     would answer, and the other would be unreachable. Only routes made before
     ``init_app`` can be seen."""
-    ours, theirs = [], {}
+    ours: list[Rule] = []
+    theirs: dict[str, list[Rule]] = {}
     for rule in app.url_map.iter_rules():
         if (rule.endpoint or "").startswith(f"{blueprint.name}."):
             ours.append(rule)
