@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pytest
 from flask import Flask
+from PIL import Image
 
 from conftest import convert, encode_image, photo, photo_bytes
 
@@ -175,8 +176,13 @@ def test_schemathesis_against_the_real_gunicorn_finds_no_5xx_and_conforms(models
     }, log=tmp_path / "gunicorn.txt")
     report = tmp_path / "report"
     try:
+        # a finished job and a result page to fuzz their routes with, not only random ids
+        config = tmp_path / "schemathesis.toml"
+        config.write_text((REPO / "tests" / "schemathesis.toml").read_text() + "\n[parameters]\n"
+                          + "".join(f'"path.{name}" = "{value}"\n'
+                                    for name, value in real_ids(server.url).items()))
         done = subprocess.run(
-            [str(SCHEMATHESIS), "--config-file", str(REPO / "tests" / "schemathesis.toml"),
+            [str(SCHEMATHESIS), "--config-file", str(config),
              "run", f"{server.url}/animegan/openapi.json",
              "--checks", "all", "--max-examples", str(EXAMPLES), "--seed", "30",
              "--phases", "examples,coverage,fuzzing", "--workers", "2",
@@ -192,6 +198,34 @@ def test_schemathesis_against_the_real_gunicorn_finds_no_5xx_and_conforms(models
     operations = len(client_document(models_dir)["paths"])
     assert generated and int(generated.group(1)) >= EXAMPLES * operations, summary
     print(json.dumps({"schemathesis": generated.group(0), "operations": operations}))
+    # the job and result routes were reached with those ids (not only 404s)
+    missing = re.search(r"Missing test data.*?(?:\n\n💡|\Z)", summary, re.S)
+    assert not missing or not re.search(r"\{(job_id|token)\}", missing.group(0)), summary
+
+
+def real_ids(url: str) -> dict[str, str]:
+    """A finished job's id and a result page's token on the server at ``url``."""
+    import time
+
+    import requests
+
+    session = requests.Session()
+    frames = [Image.new("RGB", (40, 30), (i * 60, 90, 200 - i * 50)) for i in range(3)]
+    gif = io.BytesIO()
+    frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    job = session.post(f"{url}/animegan/jobs", data=gif.getvalue(),
+                       headers={"Content-Type": "image/gif"}, timeout=30).json()["id"]
+    deadline = time.monotonic() + 60
+    while session.get(f"{url}/animegan/jobs/{job}", timeout=30).json()["state"] != "done":
+        assert time.monotonic() < deadline, "the job did not finish"
+        time.sleep(0.2)
+    page = session.get(f"{url}/animegan/", timeout=30).text
+    csrf = re.search(r'name="csrf_token"[^>]*value="([^"]+)"', page)
+    upload = session.post(f"{url}/animegan/upload", data={"csrf_token": csrf.group(1) if csrf else ""},
+                          files={"image": ("a.jpg", encode_image(frames[0]), "image/jpeg")},
+                          allow_redirects=False, timeout=30)
+    assert upload.status_code == 303, upload.text[:500]
+    return {"job_id": job, "token": upload.headers["Location"].rstrip("/").rsplit("/", 1)[-1]}
 
 
 def client_document(models_dir: Path) -> dict:
