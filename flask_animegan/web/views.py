@@ -268,7 +268,8 @@ def routing_error_response(response: Response) -> Response:
     ``errorhandler(Exception)``) made of them.
 
     Registered on the app (Flask gives a request that matched no route to the app's
-    handlers only); requests outside the prefix are left exactly as the host answered.
+    handlers only); requests outside the prefix (at the site's root: outside our routes'
+    first segments, :func:`_under_our_routes`) are left exactly as the host answered.
     """
     if request.routing_exception is None or request.blueprint is not None:
         return response
