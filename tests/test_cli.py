@@ -162,6 +162,25 @@ def test_convert_folder_and_file(app: Flask, inputs: tuple[Path, Path], tmp_path
     assert f"converted 4, skipped 0 already converted, failed 0; output in {out}" in result.output
 
 
+@pytest.mark.parametrize("fmt,colors,portrait,written", [
+    ("PNG", "KEEP", "Off", "png"), ("Jpg", "Luma", "AUTO", "jpeg"),
+    ("webp", "off", "auto", "webp")])
+def test_convert_takes_the_apis_words_in_any_case(app: Flask, tmp_path: Path, fmt: str,
+                                                 colors: str, portrait: str,
+                                                 written: str) -> None:
+    source = tmp_path / "chelsea.jpg"
+    source.write_bytes(photo_bytes("chelsea"))
+    out = tmp_path / "out"
+    result = invoke(app, "convert", str(source), "-o", str(out), "--size", str(SIZE),
+                    "--format", fmt, "--colors", colors, "--portrait", portrait)
+    assert result.exit_code == 0, result.output
+    assert_converted(out / f"chelsea.other_style.{written}", "chelsea",
+                     {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP"}[written])
+    refused = invoke(app, "convert", str(source), "-o", str(out), "--colors", "kelvin")
+    assert refused.exit_code == 2 and "'kelvin' is not one of 'off', 'luma', 'keep'" in \
+        refused.output
+
+
 def test_convert_defaults_to_max_side(make_app: Callable[..., Flask], tmp_path: Path) -> None:
     source = tmp_path / "chelsea.jpg"
     source.write_bytes(photo_bytes("chelsea"))

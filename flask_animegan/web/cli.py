@@ -13,12 +13,15 @@ import click
 import torch
 from flask import current_app
 
+from ..config import OUTPUT_FORMATS
 from ..errors import ConversionError
+from ..inputs.colors import COLOR_MODES
 from ..inputs.media import MediaInfo
 from ..jobs.records import JobState
 from ..runtime.download import DownloadError, pull_style
 from ..runtime.weights import WeightsError, load_generator, torchscript_quietly
-from ..service import get_service
+from ..pipeline import PORTRAIT_MODES
+from ..service import FORMAT_ALIASES, get_service
 from .batch import (
     MOVING_SUFFIXES,
     Refused,
@@ -144,12 +147,15 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
 @click.option("--style", help="Style name (default: the app's default style).")
 @click.option("--size", type=int, help="Long side of the output in pixels (default: MAX_SIDE; "
               "photos up to MAX_OUTPUT_SIDE, animations and videos up to MAX_SIDE).")
-@click.option("--format", "fmt", type=click.Choice(["jpeg", "png", "webp"]),
+# the same words as the API's, in any case (click gives the word as listed)
+@click.option("--format", "fmt",
+              type=click.Choice([*OUTPUT_FORMATS, *FORMAT_ALIASES], case_sensitive=False),
               help="Output format (default: ANIMEGAN_OUTPUT_FORMAT).")
-@click.option("--colors", type=click.Choice(["off", "luma", "keep"]), default="off",
+@click.option("--colors", type=click.Choice(COLOR_MODES, case_sensitive=False), default="off",
               show_default=True,
               help="Keep the photo's brightness (luma) or its colours (keep).")
-@click.option("--portrait", type=click.Choice(["auto", "on", "off", "faces"]), default="auto",
+@click.option("--portrait", type=click.Choice(PORTRAIT_MODES, case_sensitive=False),
+              default="auto",
               show_default=True,
               help="Portrait mode: find the faces and convert each on its own (auto: with "
                    "the face styles); faces: write only the faces, side by side.")
