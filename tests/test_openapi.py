@@ -16,9 +16,9 @@ from urllib.parse import quote
 
 import pytest
 from flask import Flask
-from PIL import Image
 
 from conftest import convert, encode_image, photo, photo_bytes
+from media import gif_from_photos
 
 from flask_animegan.web.openapi import openapi_path
 
@@ -210,10 +210,7 @@ def real_ids(url: str) -> dict[str, str]:
     import requests
 
     session = requests.Session()
-    frames = [Image.new("RGB", (40, 30), (i * 60, 90, 200 - i * 50)) for i in range(3)]
-    gif = io.BytesIO()
-    frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
-    job = session.post(f"{url}/animegan/jobs", data=gif.getvalue(),
+    job = session.post(f"{url}/animegan/jobs", data=gif_from_photos(3, (40, 30)),
                        headers={"Content-Type": "image/gif"}, timeout=30).json()["id"]
     deadline = time.monotonic() + 60
     while session.get(f"{url}/animegan/jobs/{job}", timeout=30).json()["state"] != "done":
@@ -222,7 +219,7 @@ def real_ids(url: str) -> dict[str, str]:
     page = session.get(f"{url}/animegan/", timeout=30).text
     csrf = re.search(r'name="csrf_token"[^>]*value="([^"]+)"', page)
     upload = session.post(f"{url}/animegan/upload", data={"csrf_token": csrf.group(1) if csrf else ""},
-                          files={"image": ("a.jpg", encode_image(frames[0]), "image/jpeg")},
+                          files={"image": ("a.jpg", photo_bytes(), "image/jpeg")},
                           allow_redirects=False, timeout=30)
     assert upload.status_code == 303, upload.text[:500]
     return {"job_id": job, "token": upload.headers["Location"].rstrip("/").rsplit("/", 1)[-1]}
