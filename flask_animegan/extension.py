@@ -71,7 +71,7 @@ def _check_no_route_is_shadowed(app: Flask, prefix: str) -> None:
             theirs.setdefault(rule.rule, []).append(rule)
     for rule in ours:
         for other in theirs.get(rule.rule, ()):
-            if (rule.methods or set()) & (other.methods or set()) - {"HEAD", "OPTIONS"}:
+            if ((rule.methods or set()) & (other.methods or set())) - {"HEAD", "OPTIONS"}:
                 raise RuntimeError(
                     f"flask_animegan configuration error: ANIMEGAN_URL_PREFIX={prefix!r} "
                     f"puts {rule.rule} ({rule.endpoint}) where the app already has a route "
