@@ -5,20 +5,28 @@ process, so they are not import side effects and not per-app: ``gunicorn.conf.py
 calls :func:`configure_process` in each worker before the app loads, and ``init_app``
 calls it too (the first call wins; a later app asking for something else is told so
 in the log, instead of silently changing the threads of the apps before it).
+
+The process also has one side thread (:func:`side_thread`), for the few steps of a
+request that split in two halves (fitting a picture in bands, a fingerprint's grids), so
+that a request alone on the machine uses its second core.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 from PIL import Image
 
 log = logging.getLogger("flask_animegan")
 _lock = threading.Lock()
 _torch_threads: int | None = None
+_side_lock = threading.Lock()
+_side: ThreadPoolExecutor | None = None
 
 
 def configure_process(torch_threads: int) -> int:
@@ -46,3 +54,42 @@ def configure_process(torch_threads: int) -> int:
 def configure_decoding() -> None:
     """The part of :func:`configure_process` the decode helper processes need (no torch)."""
     warnings.simplefilter("error", Image.DecompressionBombWarning)
+
+
+def side_thread() -> ThreadPoolExecutor | None:
+    """The process's side thread, to run one half of a split step while the caller runs
+    the other; None where the process may use one CPU only (the halves then run one
+    after the other: the result is the same)."""
+    global _side
+    if _usable_cpus() < 2:
+        return None
+    with _side_lock:
+        if _side is None:
+            _side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="animegan-side")
+        return _side
+
+
+def _forget_side_thread() -> None:
+    """In a forked child (a gunicorn worker, an RQ work horse), which has none of its
+    parent's threads: the next split step starts its own."""
+    global _side, _side_lock
+    _side, _side_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_side_thread)
+
+
+def start_side_thread() -> None:
+    """Start the side thread now and let it allocate once (its malloc arena): a helper
+    process calls this before it limits its address space, so that a decode under the
+    limit never has to find room for a thread."""
+    side = side_thread()
+    if side is not None:
+        side.submit(lambda: Image.new("RGB", (64, 64)).resize((32, 32))).result()
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1

@@ -206,6 +206,61 @@ def test_big_jpegs_are_decoded_at_reduced_scale():
     assert min(square.size) >= 512  # the centre square must still cover the size
 
 
+@pytest.mark.parametrize("size,square", [(512, False), (512, True), (300, False), (1024, False)])
+def test_a_fit_in_two_bands_is_one_resize_on_every_machine(monkeypatch, size, square):
+    # a phone-sized photo (1080 x 1350) fitted under 6x runs in two bands on two threads:
+    # within a level of one Lanczos resize over the whole box, and the same picture
+    # whether the bands ran side by side or one after the other (a 1-CPU machine)
+    from flask_animegan.inputs import resample
+
+    image = photo("astronaut").resize((1080, 1350), Image.Resampling.LANCZOS)
+    side = min(image.size)
+    box = ((0, (image.height - side) // 2, side, (image.height + side) // 2) if square
+           else (0, 0, *image.size))
+    target = decoding.output_size(box[2] - box[0], box[3] - box[1], size)
+    assert resample.banded((box[2] - box[0], box[3] - box[1]), target)
+    fitted = decoding.fit(image, size, square=square)
+    whole = image.resize(target, Image.Resampling.LANCZOS, box=box, reducing_gap=3.0)
+    difference = np.abs(np.asarray(fitted, np.int16) - np.asarray(whole, np.int16))
+    assert fitted.size == target and difference.max() <= 1
+    assert (difference > 0).mean() < 0.01
+    monkeypatch.setattr(resample, "side_thread", lambda: None)
+    assert np.array_equal(np.asarray(decoding.fit(image, size, square=square)),
+                          np.asarray(fitted))
+
+
+def test_a_forked_child_fits_in_bands_with_a_side_thread_of_its_own():
+    # gunicorn forks its workers, RQ its work horses: the parent's thread is not theirs
+    import os
+
+    from flask_animegan.process import side_thread
+
+    image = Image.new("RGB", (1080, 1350), (10, 20, 30))
+    expected = np.asarray(decoding.fit(image, 512))
+    parent_side = side_thread()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without pytest's cleanup
+        child_side = side_thread()  # None on one CPU, as in the parent
+        ok = (np.array_equal(np.asarray(decoding.fit(image, 512)), expected)
+              and (child_side is None or child_side is not parent_side))
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1" and status == 0
+    os.close(read)
+
+
+def test_a_fit_that_reduces_first_runs_whole():
+    # 6x or more: Pillow averages whole blocks first, which bands would place differently
+    from flask_animegan.inputs import resample
+
+    image = Image.new("RGB", (3000, 2000), (10, 20, 30))
+    assert not resample.banded(image.size, decoding.output_size(*image.size, 256))
+    assert decoding.fit(image, 256).getpixel((5, 5)) == (10, 20, 30)
+
+
 # -- the DecodedUpload ----------------------------------------------------------------------
 def exif_turned(orientation: int = 6) -> bytes:
     """A 120x90 picture stored as 90x120 with an EXIF orientation that turns it back."""

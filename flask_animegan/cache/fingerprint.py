@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from ..process import side_thread
+
 FINE_SIDE = 64  # cells per side of the luma grid: a 1 % box (10 % x 10 %) covers >= 5x5
 COARSE_SIDE = 32  # cells per side of the colour and detail grid (JPEG halves colour anyway)
 CELL_SAMPLES = 8  # each cell's statistics are taken over 8x8 samples of a box-filtered copy
@@ -77,9 +79,12 @@ class Fingerprint:
         import imagehash  # imported on first use: `flask` commands need none of it
 
         image = image.convert("RGB")
+        side = side_thread()  # the luma grid beside the rest, where a second CPU is free
+        fine = side.submit(luma_grid, image) if side is not None else None
         bits = np.packbits(imagehash.phash(image, hash_size=hash_size).hash.flatten())
-        return cls(int.from_bytes(bits.tobytes(), "big"), image.size, luma_grid(image),
-                   cell_grid(image))
+        cells = cell_grid(image)
+        luma = fine.result() if fine is not None else luma_grid(image)
+        return cls(int.from_bytes(bits.tobytes(), "big"), image.size, luma, cells)
 
     @property
     def aspect(self) -> float:

@@ -35,6 +35,7 @@ import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
 from ..errors import BadImage, ImageTooLarge, UnsupportedImage
+from . import resample
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -208,21 +209,24 @@ def _conversion_bytes_per_pixel(image: Image.Image) -> int:
 
 def _fit_bytes(width: int, height: int, size: int, square: bool,
                source_size: tuple[int, int]) -> tuple[int, int]:
-    """What :func:`fit` allocates (a crop, or Pillow's reduce, its horizontal pass and the
-    output) and the output's own bytes."""
+    """What :func:`fit` allocates (a crop, or Pillow's reduce, its horizontal pass, the
+    output, and what its bands add: :func:`.resample.band_bytes`) and the output's own
+    bytes."""
     box_width, box_height = (min(width, height),) * 2 if square else (width, height)
     full = (min(source_size),) * 2 if square else source_size
     target_width, target_height = output_size(*full, size)
     out = _RGB_BYTES * target_width * target_height
     if (target_width, target_height) == (box_width, box_height):
         return out if square else 0, out
-    factor_x = int(box_width / target_width / 3) or 1
-    factor_y = int(box_height / target_height / 3) or 1
+    bands = resample.band_bytes((box_width, box_height), (target_width, target_height),
+                                _RGB_BYTES)
+    factor_x = int(box_width / target_width / resample.REDUCING_GAP) or 1
+    factor_y = int(box_height / target_height / resample.REDUCING_GAP) or 1
     reduced = 0
     if factor_x > 1 or factor_y > 1:
         box_width, box_height = -(-box_width // factor_x), -(-box_height // factor_y)
         reduced = box_width * box_height
-    return _RGB_BYTES * (reduced + target_width * box_height) + out, out
+    return _RGB_BYTES * (reduced + target_width * box_height) + out + bands, out
 
 
 # -- JPEG scans ----------------------------------------------------------------------
@@ -659,5 +663,5 @@ def fit(image: Image.Image, size: int, square: bool = False,
     if target == (box[2] - box[0], box[3] - box[1]):
         return image.crop(box) if square else image
     # the square as the resize's box: no full-size copy of the crop
-    return image.resize(target, Image.Resampling.LANCZOS, box=box, reducing_gap=3.0)
+    return resample.resize(image, target, box)
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..process import configure_decoding
+from ..process import configure_decoding, start_side_thread
 
 FRAME = struct.Struct(">II")
 #: A request that runs past its timeout having had less than this share of it in CPU
@@ -219,6 +219,7 @@ def serve(answer: Callable[[BinaryIO, dict[str, Any], bytes], None], *,
     if niceness:
         os.nice(niceness)
     configure_decoding()
+    start_side_thread()  # before any decode's address-space limit
     # Answers go to the original stdout; anything a library prints goes to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
