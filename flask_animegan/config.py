@@ -112,7 +112,14 @@ def _rate_limit(value: str) -> str | None:
                 "'5 per minute' or '5/minute;100/day', or '' to turn the limit off")
     if any(item.amount < 1 for item in items):
         return "allows no conversion at all: give at least 1, or '' to turn the limit off"
+    if _ZERO_WINDOW.search(value):
+        # flask-limiter reads "5 per 0 minutes" as 5 per minute: not what was written
+        return ("has a window of 0 (flask-limiter would read it as 1): write e.g. "
+                "'5 per minute' or '5 per 10 minutes'")
     return None
+
+
+_ZERO_WINDOW = re.compile(r"(?:/|\bper\b)\s*0+\s*[a-z]", re.IGNORECASE)
 
 
 def _scheme(value: str) -> str:

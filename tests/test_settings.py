@@ -33,7 +33,8 @@ from flask_animegan.config import (
 #: Strings each checked setting refuses, beyond its type and range (config.py's checks).
 REFUSED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_RATE_LIMIT": ["5 per minit", "2 per minit", "five per minute", "5/minit", "5",
-                            "per minute", "5 per minute;", "0 per minute", "5 per minute or so"],
+                            "per minute", "5 per minute;", "0 per minute", "5 per minute or so",
+                            "5 per 0 minutes", "5/0 seconds", "1 per hour;5 per 00 minutes"],
     "ANIMEGAN_STORAGE_URI": ["", "localhost:6379", "redis:6379", "http://cache:6379",
                              "memcached://cache:11211"],
     "ANIMEGAN_RATELIMIT_STORAGE_URI": ["localhost:6379", "redis:6379"],
@@ -59,7 +60,8 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
 #: Values each checked setting takes, beyond its default.
 ACCEPTED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_RATE_LIMIT": ["", "1 per second", "5/minute", "5/minute;100/day",
-                            "10 per hour, 100 per day", "2 per 30 seconds"],
+                            "10 per hour, 100 per day", "2 per 30 seconds", "10 per 10 minutes",
+                            "100/20 seconds"],
     "ANIMEGAN_STORAGE_URI": ["memory://", "redis://localhost:6379/0", "rediss://:pw@cache:6380/1",
                              "unix:///run/redis.sock"],
     # empty, as from an empty environment variable: unset
