@@ -27,6 +27,7 @@ _lock = threading.Lock()
 _torch_threads: int | None = None
 _side_lock = threading.Lock()
 _side: ThreadPoolExecutor | None = None
+_SIDE_NAME = "animegan-side"
 
 
 def configure_process(torch_threads: int) -> int:
@@ -59,13 +60,14 @@ def configure_decoding() -> None:
 def side_thread() -> ThreadPoolExecutor | None:
     """The process's side thread, to run one half of a split step while the caller runs
     the other; None where the process may use one CPU only (the halves then run one
-    after the other: the result is the same)."""
+    after the other: the result is the same), and on the side thread itself (a half
+    waiting there for its own half would wait forever)."""
     global _side
-    if _usable_cpus() < 2:
+    if _usable_cpus() < 2 or threading.current_thread().name.startswith(_SIDE_NAME):
         return None
     with _side_lock:
         if _side is None:
-            _side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="animegan-side")
+            _side = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_SIDE_NAME)
         return _side
 
 

@@ -252,6 +252,17 @@ def test_a_forked_child_fits_in_bands_with_a_side_thread_of_its_own():
     os.close(read)
 
 
+def test_a_fit_on_the_side_thread_runs_its_bands_there_instead_of_waiting_for_itself():
+    from flask_animegan.process import side_thread
+
+    side = side_thread()
+    if side is None:
+        pytest.skip("one CPU: there is no side thread")
+    image = Image.new("RGB", (1080, 1350), (10, 20, 30))
+    fitted = side.submit(decoding.fit, image, 512).result(timeout=30)
+    assert fitted.size == (410, 512) and fitted.getpixel((200, 300)) == (10, 20, 30)
+
+
 def test_a_fit_that_reduces_first_runs_whole():
     # 6x or more: Pillow averages whole blocks first, which bands would place differently
     from flask_animegan.inputs import resample
