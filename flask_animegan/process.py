@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from PIL import Image
 
+from .config import available_cpus
+
 log = logging.getLogger("flask_animegan")
 _lock = threading.Lock()
 _torch_threads: int | None = None
@@ -63,7 +65,7 @@ def side_thread() -> ThreadPoolExecutor | None:
     after the other: the result is the same), and on the side thread itself (a half
     waiting there for its own half would wait forever)."""
     global _side
-    if _usable_cpus() < 2 or threading.current_thread().name.startswith(_SIDE_NAME):
+    if available_cpus() < 2 or threading.current_thread().name.startswith(_SIDE_NAME):
         return None
     with _side_lock:
         if _side is None:
@@ -89,9 +91,3 @@ def start_side_thread() -> None:
     if side is not None:
         side.submit(lambda: Image.new("RGB", (64, 64)).resize((32, 32))).result()
 
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
