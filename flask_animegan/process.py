@@ -18,7 +18,9 @@ import logging
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from PIL import Image
 
@@ -30,6 +32,8 @@ _torch_threads: int | None = None
 _side_lock = threading.Lock()
 _side: ThreadPoolExecutor | None = None
 _SIDE_NAME = "animegan-side"
+_First = TypeVar("_First")
+_Second = TypeVar("_Second")
 
 
 def configure_process(torch_threads: int) -> int:
@@ -73,6 +77,17 @@ def side_thread() -> ThreadPoolExecutor | None:
         return _side
 
 
+def in_halves(first: Callable[[], _First],
+              second: Callable[[], _Second]) -> tuple[_First, _Second]:
+    """``first()`` in this thread and ``second()`` on the side thread at once, or one
+    after the other where there is no side thread: both results."""
+    side = side_thread()
+    if side is None:
+        return first(), second()
+    later = side.submit(second)
+    return first(), later.result()
+
+
 def _forget_side_thread() -> None:
     """In a forked child (a gunicorn worker, an RQ work horse), which has none of its
     parent's threads: the next split step starts its own."""
@@ -90,4 +105,3 @@ def start_side_thread() -> None:
     side = side_thread()
     if side is not None:
         side.submit(lambda: Image.new("RGB", (64, 64)).resize((32, 32))).result()
-

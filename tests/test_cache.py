@@ -213,11 +213,11 @@ def test_visible_edits_at_random_spots_miss(edit_trials):
 
 def test_a_fingerprint_is_the_same_with_or_without_a_side_thread(monkeypatch):
     # its luma grid is taken on the process's side thread where a second CPU is free
-    from flask_animegan.cache import fingerprint
+    from flask_animegan import process
 
     image = fitted(photo("coffee"))
     beside = Fingerprint.of(image, 16)
-    monkeypatch.setattr(fingerprint, "side_thread", lambda: None)
+    monkeypatch.setattr(process, "side_thread", lambda: None)
     alone = Fingerprint.of(image, 16)
     assert beside.phash == alone.phash and beside.size == alone.size
     assert np.array_equal(beside.luma, alone.luma) and np.array_equal(beside.cells, alone.cells)

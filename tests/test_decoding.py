@@ -212,6 +212,7 @@ def test_a_fit_in_two_bands_is_one_resize_on_every_machine(monkeypatch, size, sq
     # one Lanczos resize over the whole box but for rounding (Pillow 13 may take a band's
     # two passes in the other order), and the same picture whether the bands ran side by
     # side or one after the other (a 1-CPU machine)
+    from flask_animegan import process
     from flask_animegan.inputs import resample
 
     image = photo("astronaut").resize((1080, 1350), Image.Resampling.LANCZOS)
@@ -225,7 +226,7 @@ def test_a_fit_in_two_bands_is_one_resize_on_every_machine(monkeypatch, size, sq
     difference = np.abs(np.asarray(fitted, np.int16) - np.asarray(whole, np.int16))
     assert fitted.size == target and difference.max() <= 4
     assert difference.mean() < 0.2
-    monkeypatch.setattr(resample, "side_thread", lambda: None)
+    monkeypatch.setattr(process, "side_thread", lambda: None)
     assert np.array_equal(np.asarray(decoding.fit(image, size, square=square)),
                           np.asarray(fitted))
 

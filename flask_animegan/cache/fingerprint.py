@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from ..process import side_thread
+from ..process import in_halves
 
 FINE_SIDE = 64  # cells per side of the luma grid: a 1 % box (10 % x 10 %) covers >= 5x5
 COARSE_SIDE = 32  # cells per side of the colour and detail grid (JPEG halves colour anyway)
@@ -79,11 +79,13 @@ class Fingerprint:
         import imagehash  # imported on first use: `flask` commands need none of it
 
         image = image.convert("RGB")
-        side = side_thread()  # the luma grid beside the rest, where a second CPU is free
-        fine = side.submit(luma_grid, image) if side is not None else None
-        bits = np.packbits(imagehash.phash(image, hash_size=hash_size).hash.flatten())
-        cells = cell_grid(image)
-        luma = fine.result() if fine is not None else luma_grid(image)
+
+        def phash_and_cells() -> tuple[np.ndarray, np.ndarray]:
+            bits = np.packbits(imagehash.phash(image, hash_size=hash_size).hash.flatten())
+            return bits, cell_grid(image)
+
+        # the luma grid beside the rest, where a second CPU is free
+        (bits, cells), luma = in_halves(phash_and_cells, lambda: luma_grid(image))
         return cls(int.from_bytes(bits.tobytes(), "big"), image.size, luma, cells)
 
     @property

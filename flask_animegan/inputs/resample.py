@@ -21,7 +21,7 @@ import math
 
 from PIL import Image
 
-from ..process import side_thread
+from ..process import in_halves
 
 #: Pillow's ``reducing_gap`` for every fit: a reduction of 6x or more first averages
 #: whole blocks (Image.reduce), then resamples over at least 3x. Such a fit runs on one
@@ -70,13 +70,8 @@ def resize(image: Image.Image, target: tuple[int, int], box: Box | None = None) 
         return image.resize((width, rows), Image.Resampling.LANCZOS, box=(x0, top, x1, bottom))
 
     image.load()  # once, before two threads read it
-    side = side_thread()
-    if side is not None:
-        lower = side.submit(band, cut, y1, height - middle)
-        upper = band(y0, cut, middle)
-        bottom = lower.result()
-    else:
-        upper, bottom = band(y0, cut, middle), band(cut, y1, height - middle)
+    upper, bottom = in_halves(lambda: band(y0, cut, middle),
+                              lambda: band(cut, y1, height - middle))
     out = Image.new(image.mode, target)
     out.paste(upper, (0, 0))
     out.paste(bottom, (0, middle))
