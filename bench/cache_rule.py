@@ -49,7 +49,7 @@ from flask_animegan.cache import fingerprint as rule
 from flask_animegan.cache.fingerprint import ASPECT_TOLERANCE, Fingerprint
 from flask_animegan.cache.near_duplicate import INDEX_CAP
 from flask_animegan.cache.storage import MemoryStorage, Storage
-from flask_animegan.inputs.decoding import DecodeLimits
+from flask_animegan.inputs.decoding import DecodedUpload, DecodeLimits
 from flask_animegan.inputs.isolation import Decoder
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field",
@@ -101,9 +101,15 @@ _DECODER = Decoder(limits=DecodeLimits(max_pixels=10**8), isolation="thread", ti
                    slots=1, max_queue=0, queue_timeout=30)
 
 
+def upload(data: bytes, size: int) -> DecodedUpload:
+    """The upload as the service decodes it: fitted to ``size``, with its own size and
+    JPEG step (what the service fingerprints)."""
+    return _DECODER.decode(data, size=size)
+
+
 def fitted(data: bytes, size: int) -> Image.Image:
-    """What the service fingerprints: the upload decoded and fitted to ``size``."""
-    return _DECODER.decode(data, size=size).image
+    """The upload decoded and fitted to ``size``."""
+    return upload(data, size).image
 
 
 def resized(image: Image.Image, factor: float) -> Image.Image:
@@ -224,8 +230,10 @@ def hits(stored: Fingerprint, asked: Fingerprint, *, both_ways: bool = True,
     return False
 
 
-def fingerprint(image: Image.Image) -> Fingerprint:
-    return Fingerprint.of(image, HASH_SIZE)
+def fingerprint(decoded: DecodedUpload) -> Fingerprint:
+    """The upload's fingerprint, as the service takes it."""
+    return Fingerprint.of(decoded.image, HASH_SIZE, source=decoded.source_size,
+                          jpeg_tables=decoded.jpeg_tables)
 
 
 def near(a: Fingerprint, b: Fingerprint) -> bool:
@@ -256,9 +264,9 @@ def reencode_trials(photos: Sequence[str], sizes: Sequence[int]) -> list[Trial]:
             original = make(image)
             uploaded = decoded(original)
             for size in sizes:
-                first = fingerprint(fitted(original, size))
+                first = fingerprint(upload(original, size))
                 for kind, copy in REENCODES.items():
-                    second = fingerprint(fitted(copy(uploaded), size))
+                    second = fingerprint(upload(copy(uploaded), size))
                     trials.append(Trial("re-encode", f"{kind} ({origin})", size, name,
                                         hits(first, second, both_ways=False),
                                         first.excess(second),
@@ -276,8 +284,8 @@ def edit_trials(photos: Sequence[str], sizes: Sequence[int], seeds: Sequence[int
         original = encode(photo(name), "JPEG", quality=90)
         image, donor = decoded(original), photo(photos[(index + 1) % len(photos)])
         for size in sizes:
-            first = fitted(original, size)
-            first_print = fingerprint(first)
+            first_upload = upload(original, size)
+            first, first_print = first_upload.image, fingerprint(first_upload)
             scale = first.width / image.width
             for area in AREAS:
                 for place in PLACES:
@@ -288,8 +296,9 @@ def edit_trials(photos: Sequence[str], sizes: Sequence[int], seeds: Sequence[int
                             for fmt in saved:
                                 data = (encode(copy, "JPEG", quality=90) if fmt == "JPEG"
                                         else encode(copy, "PNG"))
-                                second = fitted(data, size)
-                                second_print = fingerprint(second)
+                                second_upload = upload(data, size)
+                                second = second_upload.image
+                                second_print = fingerprint(second_upload)
                                 fitted_box = tuple(round(v * scale) for v in box)
                                 change = float(np.abs(
                                     np.asarray(first.crop(fitted_box), np.float32)
@@ -449,7 +458,8 @@ def measure(quick: bool = False, inference_ms: float | None = None,
     trials = reencode_trials(photos, SIZES) + edit_trials(photos, SIZES, seeds)
     results: dict[str, Any] = {
         "rule": {**{name: getattr(rule, name) for name in (
-            "FINE_SIDE", "COARSE_SIDE", "DETAIL_SHARE", "DETAIL_LEVELS", "ASPECT_TOLERANCE")},
+            "FINE_SIDE", "COARSE_SIDE", "DETAIL_SHARE", "DETAIL_LEVELS", "ASPECT_TOLERANCE",
+            "SAME_JPEG_SHARE")},
             **{f"{name} {field}": getattr(getattr(rule, name), field)
                for name in ("SAME_SIZE", "OTHER_SIZE")
                for field in ("mean_levels", "mean_per_deviation", "colour_levels")}},

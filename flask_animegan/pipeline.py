@@ -148,7 +148,8 @@ class Pipeline:
         encoded: bytes | None = None
         faces: int | None = None
         if lookup is not None:
-            fingerprint = lookup.cache.fingerprint(fitted)
+            fingerprint = lookup.cache.fingerprint(fitted, source=decoded.source_size,
+                                                    jpeg_tables=decoded.jpeg_tables)
             cached = self._from_cache(lookup, fmt, fingerprint, fitted.size)
             if cached is not None:
                 encoded, faces = cached

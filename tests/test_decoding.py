@@ -340,6 +340,21 @@ def test_a_helper_process_gives_the_same_decoded_upload_as_this_thread(decoders,
     assert helper.image.mode == thread.image.mode == "RGB"
     assert helper.image.size == thread.image.size
     assert helper.image.tobytes() == thread.image.tobytes()
+    assert helper.jpeg_tables == thread.jpeg_tables
+
+
+def test_a_decode_names_how_a_jpeg_was_compressed_and_nothing_for_other_formats():
+    """The same for two photos saved at one quality, another at another quality or
+    sampling; 0 for every format that is not a JPEG, whatever it compresses with."""
+    def tables(name: str, **params: object) -> int:
+        return decode_upload(photo_bytes(name, "JPEG", **params), size=64).jpeg_tables
+
+    at_90 = tables("chelsea", quality=90)
+    assert at_90 != 0 and at_90 == tables("astronaut", quality=90)
+    assert at_90 != tables("chelsea", quality=89) != tables("chelsea", quality=70)
+    assert at_90 != tables("chelsea", quality=90, subsampling=0)  # 4:4:4, not 4:2:0
+    for name, make, fmt, _ in UPLOADS:
+        assert (decode_upload(make(), size=64).jpeg_tables != 0) is (fmt == "JPEG"), name
 
 
 def test_the_helper_protocol_carries_every_field_of_the_decoded_upload():
@@ -350,6 +365,7 @@ def test_the_helper_protocol_carries_every_field_of_the_decoded_upload():
     assert named <= set(header) and header["ok"] is True
     again = upload_of(header, pixels)
     assert again.source_size == decoded.source_size and again.format == decoded.format
+    assert again.jpeg_tables == decoded.jpeg_tables > 0
     assert again.image.tobytes() == decoded.image.tobytes()
 
 

@@ -1,8 +1,9 @@
 """What the cache keeps of an input, and the one rule that decides "the same photo".
 
 A :class:`Fingerprint` of the fitted input (the picture the network converts) is its
-perceptual hash (the candidate key), its size in pixels and two grids of statistics laid
-over the picture, whatever its size, rounded to whole levels (uint8, 11,264 bytes):
+perceptual hash (the candidate key), its size in pixels, the upload's own size and how
+it was compressed (a JPEG's tables), and two grids of statistics laid over the picture, whatever its size,
+rounded to whole levels (uint8, 11,264 bytes):
 
 * ``luma``: on a ``FINE_SIDE`` x ``FINE_SIDE`` grid, each cell's mean luma (Y) and its
   standard deviation;
@@ -24,7 +25,12 @@ unit of deviation. Two inputs fitted to the same size (every photo at least as l
 the output, and every edit of a photo, which keeps its size) differ only by re-encoding,
 so their means get the tight :data:`SAME_SIZE` allowance; a resized copy of a photo
 smaller than the output is fitted to another size (images are never upscaled), and gets
-:data:`OTHER_SIZE`. bench/cache_rule.py chose every number here (its figures are in
+:data:`OTHER_SIZE`. Two JPEGs of the same pixel size saved with the same quantization
+tables (an edit, or a copy saved again at the photo's own quality; never a resized copy)
+differ by next to nothing outside what changed, since re-saving a JPEG with its own
+tables hardly moves it: they get :data:`SAME_JPEG_SHARE` of every allowance
+(:func:`allowance_share`), so a faint edit no longer hides in the noise that a copy at
+another quality makes. bench/cache_rule.py chose every number here (its figures are in
 docs/http-api.md); change them only with it. The cost: an edit that moves no cell by more
 than that, i.e. one no stronger than what JPEG or a 5 % resize does to the picture (a blur
 of a flat sky, a faint mosaic over 1 % of a picture), may share a result.
@@ -59,6 +65,8 @@ OTHER_SIZE = Allowance(mean_levels=4.0, mean_per_deviation=0.3, colour_levels=6.
 DETAIL_SHARE = 0.45
 DETAIL_LEVELS = 6.0
 ASPECT_TOLERANCE = 0.02  # relative; a crop of a photo is a different photo
+#: The share of every allowance for two JPEGs of the same pixel size and quantization tables.
+SAME_JPEG_SHARE = 0.6
 LUMA_SHAPE = (FINE_SIDE, FINE_SIDE, 2)  # [row, column, (mean, standard deviation)]
 CELLS_SHAPE = (COARSE_SIDE, COARSE_SIDE, 3)  # [row, column, (Cb mean, Cr mean, detail)]
 GRID_BYTES = FINE_SIDE * FINE_SIDE * 2 + COARSE_SIDE * COARSE_SIDE * 3
@@ -72,10 +80,14 @@ class Fingerprint:
     size: tuple[int, int]  # the fitted input's width and height
     luma: np.ndarray  # LUMA_SHAPE uint8
     cells: np.ndarray  # CELLS_SHAPE uint8
+    source: tuple[int, int] = (0, 0)  # the upload's own width and height; (0, 0): unknown
+    jpeg_tables: int = 0  # a digest of the upload's JPEG tables (DecodedUpload); 0: none
 
     @classmethod
-    def of(cls, image: Image.Image, hash_size: int) -> Fingerprint:
-        """The fingerprint of ``image``, the fitted input."""
+    def of(cls, image: Image.Image, hash_size: int, *, source: tuple[int, int] | None = None,
+           jpeg_tables: int = 0) -> Fingerprint:
+        """The fingerprint of ``image``, the fitted input of an upload of ``source`` pixels
+        and ``jpeg_tables`` (a DecodedUpload's ``source_size`` and ``jpeg_tables``)."""
         import imagehash  # imported on first use: `flask` commands need none of it
 
         image = image.convert("RGB")
@@ -86,7 +98,8 @@ class Fingerprint:
 
         # the luma grid beside the rest, where a second CPU is free
         (bits, cells), luma = in_halves(phash_and_cells, lambda: luma_grid(image))
-        return cls(int.from_bytes(bits.tobytes(), "big"), image.size, luma, cells)
+        return cls(int.from_bytes(bits.tobytes(), "big"), image.size, luma, cells,
+                   (int(source[0]), int(source[1])) if source else (0, 0), int(jpeg_tables))
 
     @property
     def aspect(self) -> float:
@@ -102,6 +115,7 @@ class Fingerprint:
         statistic, of the difference to what the rule allows there (at most 1: the same
         photo, as far as the grids can tell); symmetric."""
         allowed = SAME_SIZE if self.size == other.size else OTHER_SIZE
+        share = allowance_share(self, other)
         a, b = self.luma.astype(np.float32), other.luma.astype(np.float32)
         deviation = np.maximum(a[..., 1], b[..., 1])
         mean = np.abs(a[..., 0] - b[..., 0]) / (allowed.mean_levels
@@ -110,7 +124,7 @@ class Fingerprint:
         colour = np.abs(c[..., :2] - d[..., :2]) / allowed.colour_levels
         detail = np.abs(c[..., 2] - d[..., 2]) / np.maximum(
             DETAIL_LEVELS, DETAIL_SHARE * np.maximum(c[..., 2], d[..., 2]))
-        return float(max(mean.max(), colour.max(), detail.max()))
+        return float(max(mean.max(), colour.max(), detail.max())) / share
 
     def same_photo(self, other: Fingerprint, max_distance: int) -> bool:
         """The cache's whole rule (see the module docstring); symmetric."""
@@ -130,6 +144,15 @@ class Fingerprint:
         luma = np.frombuffer(blob, np.uint8, fine, offset).reshape(LUMA_SHAPE)
         cells = np.frombuffer(blob, np.uint8, GRID_BYTES - fine, offset + fine)
         return luma, cells.reshape(CELLS_SHAPE)
+
+
+def allowance_share(a: Fingerprint, b: Fingerprint) -> float:
+    """The share of every allowance that two inputs get: SAME_JPEG_SHARE for two JPEGs of
+    the same pixel size and quantization tables, 1 for anything else (another format,
+    other tables, a resized copy, an upload of unknown size)."""
+    if a.source == b.source != (0, 0) and a.jpeg_tables == b.jpeg_tables != 0:
+        return SAME_JPEG_SHARE
+    return 1.0
 
 
 def _samples(image: Image.Image, side: int) -> np.ndarray:

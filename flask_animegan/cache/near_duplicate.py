@@ -19,9 +19,10 @@ so at most ``index_cap`` live entries, and every key has a TTL.
 Layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
 
 - ``index:<namespace digest>``: a list, newest first, of at most ``index_cap`` members;
-  a member is a 54-byte header (magic, creation time, the fitted input's width and
-  height, phash length, entry id, upload digest),
-  the phash (32 bytes at hash_size 16) and the two cell grids (11,264 bytes): 11,350 bytes.
+  a member is a 66-byte header (magic, creation time, the fitted input's width and
+  height, the upload's width and height and JPEG tables' digest, phash length, entry id, upload
+  digest), the phash (32 bytes at hash_size 16) and the two cell grids (11,264 bytes):
+  11,362 bytes.
 - ``entry:<namespace digest>:<id>``: a 16-byte header (magic, width, height, length)
   and the result's bytes.
 
@@ -57,12 +58,13 @@ from .fingerprint import GRID_BYTES, Fingerprint
 from .storage import MemoryStorage, Storage
 
 # Little-endian throughout, so every instance reads what any other wrote.
-# magic, created (Unix time), width, height, phash bytes, entry id, upload digest
-_MEMBER = struct.Struct("<4sdIIH16s16s")
-_MEMBER_MAGIC = b"AGF6"
+# magic, created (Unix time), width, height, the upload's width, height and JPEG tables,
+# phash bytes, entry id, upload digest
+_MEMBER = struct.Struct("<4sdIIIIIH16s16s")
+_MEMBER_MAGIC = b"AGF7"
 _ENTRY = struct.Struct("<4sIIiI")  # magic, width, height, faces, length of the result
 _ENTRY_MAGIC = b"AGE4"
-#: Members a namespace's index keeps: a lookup reads at most 11 x 11,350 bytes (122 KiB).
+#: Members a namespace's index keeps: a lookup reads at most 11 x 11,362 bytes (122 KiB).
 INDEX_CAP = 11
 
 
@@ -84,8 +86,8 @@ def encode_member(member: IndexMember, hash_size: int) -> bytes:
     """The index member's bytes: header, phash, cell grid."""
     fp = member.fingerprint
     size = phash_bytes(hash_size)
-    return b"".join((_MEMBER.pack(_MEMBER_MAGIC, member.created, *fp.size, size,
-                                  member.entry_id, member.upload),
+    return b"".join((_MEMBER.pack(_MEMBER_MAGIC, member.created, *fp.size, *fp.source,
+                                  fp.jpeg_tables, size, member.entry_id, member.upload),
                      fp.phash.to_bytes(size, "big"), fp.to_bytes()))
 
 
@@ -94,14 +96,16 @@ def decode_member(blob: bytes, hash_size: int) -> IndexMember | None:
     size = phash_bytes(hash_size)
     if not isinstance(blob, bytes) or len(blob) != _MEMBER.size + size + GRID_BYTES:
         return None
-    magic, created, width, height, stored_size, entry_id, upload = _MEMBER.unpack_from(blob)
+    (magic, created, width, height, source_width, source_height, tables, stored_size,
+     entry_id, upload) = _MEMBER.unpack_from(blob)
     if (magic != _MEMBER_MAGIC or stored_size != size or not math.isfinite(created)
             or not (width > 0 and height > 0)):
         return None
     phash = int.from_bytes(blob[_MEMBER.size:_MEMBER.size + size], "big")
     luma, cells = Fingerprint.grids_from(blob, _MEMBER.size + size)
-    return IndexMember(created, entry_id, Fingerprint(phash, (width, height), luma, cells),
-                       upload)
+    fingerprint = Fingerprint(phash, (width, height), luma, cells,
+                              (source_width, source_height), tables)
+    return IndexMember(created, entry_id, fingerprint, upload)
 
 
 @dataclass(frozen=True)
@@ -155,9 +159,12 @@ class NearDuplicateCache:
         self.hits = 0
         self.misses = 0
 
-    def fingerprint(self, image: Image.Image) -> Fingerprint:
-        """The fingerprint of ``image``, the fitted input (what the network converts)."""
-        return Fingerprint.of(image, self.hash_size)
+    def fingerprint(self, image: Image.Image, *, source: tuple[int, int] | None = None,
+                    jpeg_tables: int = 0) -> Fingerprint:
+        """The fingerprint of ``image``, the fitted input (what the network converts) of
+        an upload of ``source`` pixels and ``jpeg_tables`` (a DecodedUpload's
+        ``source_size`` and ``jpeg_tables``; without them, never the same-JPEG share)."""
+        return Fingerprint.of(image, self.hash_size, source=source, jpeg_tables=jpeg_tables)
 
     def upload_digest(self, data: bytes) -> bytes:
         """The upload's keyed digest (16 bytes), as members keep it: without the key (the

@@ -28,6 +28,7 @@ import io
 import math
 import re
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -63,6 +64,11 @@ class DecodedUpload:
     source_size: tuple[int, int]
     #: The format found in the file's content: one of :data:`ACCEPTED_FORMATS`.
     format: str
+    #: For a JPEG, a CRC-32 of its quantization tables and sampling factors: how it was
+    #: compressed. Two JPEGs with the same value were saved the same way (the same
+    #: quality, with the same encoder), so re-saving one as the other changes next to
+    #: nothing. 0 for any other format, or a JPEG whose tables cannot be read.
+    jpeg_tables: int = 0
 
 
 @dataclass(frozen=True)
@@ -453,6 +459,7 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
                 f"{needed >> 20} MiB; the limit is {limits.max_bytes >> 20} MiB. Send a "
                 "smaller image (fewer pixels or 8 bits per channel)")
         orientation = _orientation(image)
+        tables = jpeg_tables(image)
         image.load()  # the first frame of an animation
         rgb = _to_rgb(image, release=True)
         del image, opened  # and with them the decoder's own buffers (libwebp's canvases)
@@ -462,7 +469,7 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
             fitted = fitted.transpose(_TRANSPOSE[orientation])
         if orientation in _TURNS:
             width, height = height, width
-        return DecodedUpload(fitted, (width, height), cast(str, fmt))
+        return DecodedUpload(fitted, (width, height), cast(str, fmt), tables)
     except (ImageTooLarge, BadImage, UnsupportedImage):
         raise
     except MemoryError:
@@ -498,6 +505,20 @@ def _open_and_plan(data: bytes, limits: DecodeLimits, size: int,
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt data
         raise _corrupt(image.format, exc) from None
     return opened, needed, source_size
+
+
+def jpeg_tables(image: Image.Image) -> int:
+    """A CRC-32 of a JPEG's quantization tables and its components' sampling factors,
+    read from the header; 0 for another format or tables that are missing or malformed."""
+    tables = getattr(image, "quantization", None) if image.format == "JPEG" else None
+    if not isinstance(tables, dict) or not tables:
+        return 0
+    try:
+        described = repr((sorted((int(k), [int(v) for v in t]) for k, t in tables.items()),
+                          [tuple(layer) for layer in getattr(image, "layer", [])]))
+    except (TypeError, ValueError):
+        return 0
+    return zlib.crc32(described.encode())
 
 
 def _corrupt(fmt: str | None, exc: BaseException, hint: str = ACCEPTED_HINT) -> BadImage:
