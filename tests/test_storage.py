@@ -353,7 +353,7 @@ def test_bytes_stored_per_entry_on_redis(redis_server, astronaut):
     print(f"\nper cache entry: its result + up to {extra} B (key, header, allocator "
           f"rounding) + {member} B in its index (a first index: {usage['original']} B); "
           f"per page: its images + {page} B")
-    assert len(client.lindex(index, 0)) == struct.calcsize("<4sdIIH16s16s") + 32 + GRID_BYTES
+    assert len(client.lindex(index, 0)) == struct.calcsize("<4sdIIIIIH16s16s") + 32 + GRID_BYTES
     assert member <= 16 * 1024 and usage["original"] <= 16 * 1024
     assert all(0 < entry[name] - 30_000 < 30_000 // 4 + 200 for name in entry)
     assert extra + member <= 32 * 1024  # an entry is at most its result + 32 KiB
