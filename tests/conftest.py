@@ -28,7 +28,7 @@ __all__ = ["free_port"]  # tests import it from here
 
 #: Fixtures that start a real server, and the marker a test that uses one gets (a bare
 #: ``pytest`` deselects these markers; setup.cfg).
-SERVER_FIXTURES = {"redis_server": "redis"}
+SERVER_FIXTURES = {"redis_server": "redis", "killable_redis": "redis"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -161,6 +161,7 @@ def test_an_empty_conversion_parameter_is_its_default_as_the_document_says(clien
     assert response.status_code == 200, response.get_data(as_text=True)
 
 
+@pytest.mark.server
 def test_schemathesis_against_the_real_gunicorn_finds_no_5xx_and_conforms(models_dir,
                                                                           tmp_path):
     from servers import Server
