@@ -2,8 +2,8 @@
 
 A :class:`Fingerprint` of the fitted input (the picture the network converts) is its
 perceptual hash (the candidate key), its size in pixels, the upload's own size and how
-it was compressed (a JPEG's tables), and two grids of statistics laid over the picture, whatever its size,
-rounded to whole levels (uint8, 11,264 bytes):
+it was compressed (a JPEG's tables), and two grids of statistics laid over the picture,
+whatever its size, rounded to whole levels (uint8, 11,264 bytes):
 
 * ``luma``: on a ``FINE_SIDE`` x ``FINE_SIDE`` grid, each cell's mean luma (Y) and its
   standard deviation;
