@@ -30,7 +30,11 @@ from flask_animegan.cache.fingerprint import (
     OTHER_SIZE,
     SAME_JPEG_SHARE,
     SAME_SIZE,
+    SAMPLE_SIDE,
     Fingerprint,
+    cell_grid,
+    luma_grid,
+    samples,
 )
 from flask_animegan.cache.storage import MemoryStorage
 
@@ -499,3 +503,34 @@ def test_through_the_api_a_faint_mosaic_saved_like_the_photo_misses_and_a_resave
     assert answer.status_code == 200 and answer.headers["X-Cache"] == "HIT"
     assert open_image(answer.data).size == (256, 171)
     assert convert(client, edited, query).headers["X-Cache"] == "MISS"
+
+
+@pytest.mark.parametrize("name, factor", [("chelsea", 0.95), ("coins", 0.95), ("page", 1.05)])
+def test_through_the_api_a_resized_copy_of_a_photo_smaller_than_the_output_hits(
+        make_app, name, factor):
+    """A photo under the output's size is never upscaled, so a 5 % smaller copy of it is
+    fitted to another size. The grids see both through one Lanczos resampling to the
+    same samples; box-filtered (as before), their rows and columns were repeated at
+    other places, and these copies (JPEG q90, as the photo) missed."""
+    client = make_app(ANIMEGAN_MAX_SIDE=SIDE).test_client()
+    image = open_image(photo_bytes(name, quality=90)).convert("RGB")
+    assert max(image.size) < SIDE
+    query = f"?style=test_style&size={SIDE}"
+    first = convert(client, photo_bytes(name, quality=90), query)
+    assert first.status_code == 200, first.get_data(as_text=True)
+    assert first.headers["X-Cache"] == "MISS"
+    copy = convert(client, encode_image(resized(image, factor), "JPEG", quality=90), query)
+    assert copy.status_code == 200 and copy.headers["X-Cache"] == "HIT"
+    smaller = (round(image.width * factor), round(image.height * factor))
+    assert open_image(copy.data).size == smaller  # the hit resized to this request's size
+
+
+def test_the_grids_take_the_lanczos_samples_and_nothing_else():
+    image = fitted(photo("chelsea"))
+    sampled = samples(image)
+    assert sampled.size == (SAMPLE_SIDE, SAMPLE_SIDE) and sampled.mode == "RGB"
+    fingerprint = Fingerprint.of(image, 16)
+    assert np.array_equal(fingerprint.luma, luma_grid(sampled))
+    assert np.array_equal(fingerprint.cells, cell_grid(sampled))
+    with pytest.raises(ValueError, match="samples"):
+        luma_grid(image)  # a fitted input is not the samples

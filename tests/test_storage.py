@@ -186,7 +186,7 @@ def test_only_the_newest_entries_of_a_namespace_are_candidates(uri, astronaut):
 def corrupt_members(real: bytes) -> list[bytes]:
     """Index members that must be skipped: junk, truncated, altered, pickled, other sizes."""
     return [b"", b"AGF6", b"\x00" * len(real), real[:-1], real + b"\x00",
-            b"XXXX" + real[4:], b"AGF5" + real[4:],  # the format before this one
+            b"XXXX" + real[4:], b"AGF7" + real[4:],  # the grids as the rule took them before
             real[:4] + struct.pack("<d", float("nan")) + real[12:],  # a NaN creation time
             real[:12] + struct.pack("<I", 0) + real[16:],  # a width of 0
             pickle.dumps(IndexMember(0.0, b"x" * 16, None)),

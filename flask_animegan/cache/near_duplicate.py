@@ -61,7 +61,7 @@ from .storage import MemoryStorage, Storage
 # magic, created (Unix time), width, height, the upload's width, height and JPEG tables,
 # phash bytes, entry id, upload digest
 _MEMBER = struct.Struct("<4sdIIIIIH16s16s")
-_MEMBER_MAGIC = b"AGF7"
+_MEMBER_MAGIC = b"AGF8"  # AGF7: the grids of a box-filtered copy, skipped
 _ENTRY = struct.Struct("<4sIIiI")  # magic, width, height, faces, length of the result
 _ENTRY_MAGIC = b"AGE4"
 #: Members a namespace's index keeps: a lookup reads at most 11 x 11,362 bytes (122 KiB).
