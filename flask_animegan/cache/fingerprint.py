@@ -167,7 +167,7 @@ def samples(image: Image.Image) -> Image.Image:
     return image.convert("RGB").resize((SAMPLE_SIDE, SAMPLE_SIDE), Image.Resampling.LANCZOS)
 
 
-def _samples(sampled: Image.Image, side: int) -> np.ndarray:
+def _ycbcr(sampled: Image.Image, side: int) -> np.ndarray:
     """The :func:`samples` averaged over whole blocks to ``side`` x ``side``, as float
     YCbCr."""
     if sampled.size != (SAMPLE_SIDE, SAMPLE_SIDE):
@@ -191,7 +191,7 @@ def _levels(stats: list[np.ndarray]) -> np.ndarray:
 def luma_grid(sampled: Image.Image) -> np.ndarray:
     """Each fine cell's mean luma and its standard deviation, in whole levels, from the
     :func:`samples` of a picture."""
-    y = _samples(sampled, FINE_SIDE * CELL_SAMPLES)[..., 0]
+    y = _ycbcr(sampled, SAMPLE_SIDE)[..., 0]
     mean = _cell_means(y, FINE_SIDE)
     deviation = np.sqrt(np.maximum(_cell_means(y * y, FINE_SIDE) - mean**2, 0))
     return _levels([mean, deviation])
@@ -200,7 +200,7 @@ def luma_grid(sampled: Image.Image) -> np.ndarray:
 def cell_grid(sampled: Image.Image) -> np.ndarray:
     """Each coarse cell's mean Cb and Cr and its detail, in whole levels, from the
     :func:`samples` of a picture."""
-    ycc = _samples(sampled, COARSE_SIDE * CELL_SAMPLES)
+    ycc = _ycbcr(sampled, COARSE_SIDE * CELL_SAMPLES)
     means = _cell_means(ycc[..., 1:], COARSE_SIDE)
     y = ycc[..., 0]
     steps = np.zeros_like(y)
