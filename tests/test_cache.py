@@ -521,8 +521,8 @@ def test_through_the_api_a_resized_copy_of_a_photo_smaller_than_the_output_hits(
     assert first.headers["X-Cache"] == "MISS"
     copy = convert(client, encode_image(resized(image, factor), "JPEG", quality=90), query)
     assert copy.status_code == 200 and copy.headers["X-Cache"] == "HIT"
-    smaller = (round(image.width * factor), round(image.height * factor))
-    assert open_image(copy.data).size == smaller  # the hit resized to this request's size
+    copy_size = (round(image.width * factor), round(image.height * factor))
+    assert open_image(copy.data).size == copy_size  # the hit resized to this request's size
 
 
 def test_the_grids_take_the_lanczos_samples_and_nothing_else():
