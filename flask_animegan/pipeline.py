@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 
 from .inputs.colors import COLOR_MODES, keep_colors
-from .inputs.decoding import fit, to_rgb
+from .inputs.decoding import DecodedUpload, fit, fitted_size, to_rgb
 from .inputs.formats import MIME_TYPES, encode
 from .inputs.isolation import Decoder
 from .runtime.catalog import StyleInfo
@@ -142,39 +142,45 @@ class Pipeline:
             if again is not None:
                 return self._sent_again(data, again, style, size, fmt, square, options,
                                         lap.timings)
-        decoded = self.decoder.decode(data, size=size, square=square)
-        fitted = decoded.image  # what the network sees
-        lap("decode")
-        encoded: bytes | None = None
-        faces: int | None = None
+        fingerprint: Fingerprint | None = None
+        decoded: DecodedUpload | None = None
         if lookup is not None:
-            fingerprint = lookup.cache.fingerprint(fitted, source=decoded.source_size,
-                                                    jpeg_tables=decoded.jpeg_tables)
-            cached = self._from_cache(lookup, fmt, fingerprint, fitted.size)
-            if cached is not None:
-                encoded, faces = cached
+            # the cache compares statistics of the decoded upload: a hit needs no fit
+            sampled = self.decoder.sample(data, size=size, square=square)
+            looked_up = fitted_size(sampled.source_size, size, square)
+            lap("sample")
+            fingerprint = lookup.cache.fingerprint(sampled.samples, size=looked_up,
+                                                   source=sampled.source_size,
+                                                   jpeg_tables=sampled.jpeg_tables)
+            cached = self._from_cache(lookup, fmt, fingerprint, looked_up)
             lap("cache")
-        hit = encoded is not None
-        looked_up = fitted.size
-        if encoded is None:
-            if portrait == "off":
+            if cached is not None:
+                return self._near_hit(data, cached, style, size, fmt, square, options,
+                                      looked_up, sampled.fitted, lap.timings)
+            decoded = sampled.fitted
+        if decoded is None:
+            decoded = self.decoder.decode(data, size=size, square=square)
+            lap("decode")
+        fitted = decoded.image  # what the network sees
+        faces: int | None = None
+        if portrait == "off":
+            result = self._run(fitted, style.name, options.colors)
+        else:
+            result, faces = self._portrait(fitted, style, portrait, options.colors, lap)
+            if not faces and style.face:
+                # no face: as without portrait mode, the centre square (decoded anew,
+                # so it has the size's full resolution)
+                square = True
+                fitted = self.decoder.decode(data, size=size, square=True).image
                 result = self._run(fitted, style.name, options.colors)
-            else:
-                result, faces = self._portrait(fitted, style, portrait, options.colors, lap)
-                if not faces and style.face:
-                    # no face: as without portrait mode, the centre square (decoded anew,
-                    # so it has the size's full resolution)
-                    square = True
-                    fitted = self.decoder.decode(data, size=size, square=True).image
-                    result = self._run(fitted, style.name, options.colors)
-            lap("infer")
-            encoded = encode(result, fmt, self.quality)
-            lap("encode")
-            if lookup is not None:
-                lookup.cache.put(namespace, fingerprint, encoded, looked_up,
-                                 -1 if faces is None else faces, upload=upload)
+        lap("infer")
+        encoded = encode(result, fmt, self.quality)
+        lap("encode")
+        if lookup is not None and fingerprint is not None:
+            lookup.cache.put(namespace, fingerprint, encoded, decoded.image.size,
+                             -1 if faces is None else faces, upload=upload)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
-                          cache_hit=hit, face_crop=square, input_image=fitted,
+                          cache_hit=False, face_crop=square, input_image=fitted,
                           timings=lap.timings, faces=faces, colors=options.colors)
 
     def _sent_again(self, data: bytes, cached: CachedResult, style: StyleInfo, size: int,
@@ -196,6 +202,28 @@ class Pipeline:
         return Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
                           cache_hit=True, face_crop=square, input_loader=input_image,
                           timings=timings, faces=faces, colors=options.colors)
+
+    def _near_hit(self, data: bytes, cached: tuple[bytes, int | None], style: StyleInfo,
+                  size: int, fmt: str, square: bool, options: Options, fitted: tuple[int, int],
+                  decoded: DecodedUpload | None, timings: dict[str, float]) -> Conversion:
+        """The conversion of the same photo as one converted before, from its cached
+        result (resized to ``fitted``, this upload's fitted size): its input fitted only
+        if someone asks (unless the sample's decode fitted it already)."""
+        data_out, faces = cached
+        if style.face and faces == 0 and not square:
+            # a face style whose portrait mode found no face converted the centre square
+            square, decoded = True, None
+            with Image.open(io.BytesIO(data_out)) as stored:
+                fitted = stored.size
+
+        def input_image() -> Image.Image:
+            return self.decoder.decode(data, size=size, square=square).image
+
+        return Conversion(data_out, MIME_TYPES[fmt], fmt, style.name, fitted,
+                          cache_hit=True, face_crop=square,
+                          input_image=decoded.image if decoded is not None else None,
+                          input_loader=input_image, timings=timings, faces=faces,
+                          colors=options.colors)
 
     def _run(self, picture: Image.Image, style: str, colors: str) -> Image.Image:
         """The network on ``picture`` (in tiles if larger than ``tile_above``), its colours

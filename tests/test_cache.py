@@ -24,19 +24,25 @@ from PIL import Image, ImageEnhance, ImageFilter, ImageOps
 
 from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult
 from flask_animegan.cache.fingerprint import (
-    CELLS_SHAPE,
     DETAIL_LEVELS,
-    LUMA_SHAPE,
+    DETAIL_SHARE,
     OTHER_SIZE,
     SAME_JPEG_SHARE,
     SAME_SIZE,
-    SAMPLE_SIDE,
     Fingerprint,
-    cell_grid,
-    luma_grid,
-    samples,
 )
 from flask_animegan.cache.storage import MemoryStorage
+from flask_animegan.inputs.decoding import DecodeLimits
+from flask_animegan.inputs.isolation import Decoder
+from flask_animegan.inputs.samples import (
+    CELLS_SHAPE,
+    LUMA_SHAPE,
+    SAMPLE_SIDE,
+    Samples,
+    describe,
+    of_picture,
+    resampled,
+)
 
 
 def load_rule_bench():
@@ -50,14 +56,15 @@ def load_rule_bench():
 
 rule = load_rule_bench()
 
-SIDE = 512  # the default ANIMEGAN_MAX_SIDE: fingerprints are taken of the fitted input
+SIDE = 512  # the default ANIMEGAN_MAX_SIDE
 #: Photos for the measured cases here (the bench runs all of rule.PHOTOS).
 SOME_PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "stereo_motorcycle")
 
 
-def fitted(image: Image.Image, size: int = SIDE) -> Image.Image:
-    """What the service fingerprints: the upload decoded and fitted, via a lossless PNG."""
-    return rule.fitted(encode_image(image, "PNG", compress_level=0), size)
+def uploaded(image: Image.Image, size: int = SIDE) -> Fingerprint:
+    """What the service fingerprints of ``image`` uploaded as a lossless PNG for ``size``:
+    the statistics the decoder takes of it."""
+    return rule.fingerprint(encode_image(image, "PNG", compress_level=0), size)
 
 
 def jpeg_copy(image: Image.Image, quality: int) -> Image.Image:
@@ -121,14 +128,13 @@ def filled_cache():
     """A cache holding one entry per distinct photo, with the photo's name as its result."""
     cache = make_cache()
     for name in DISTINCT:
-        image = fitted(distinct_photo(name))
-        cache.put(("style", SIDE, "jpeg"), cache.fingerprint(image), name.encode(), image.size)
+        fingerprint = uploaded(distinct_photo(name))
+        cache.put(("style", SIDE, "jpeg"), fingerprint, name.encode(), fingerprint.size)
     return cache
 
 
 def lookup(cache: NearDuplicateCache, image: Image.Image) -> bytes | None:
-    image = fitted(image)
-    found = cache.get(("style", SIDE, "jpeg"), cache.fingerprint(image))
+    found = cache.get(("style", SIDE, "jpeg"), uploaded(image))
     return found.data if found else None
 
 
@@ -215,51 +221,73 @@ def test_visible_edits_at_random_spots_miss(edit_trials):
     assert visible_leaks([t for t in edit_trials if t.place == "random"]) == []
 
 
-def test_a_fingerprint_is_the_same_with_or_without_a_side_thread(monkeypatch):
-    # its luma grid is taken on the process's side thread where a second CPU is free
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+@pytest.mark.parametrize("square", [False, True])
+def test_the_helper_and_this_thread_take_the_same_statistics(monkeypatch, fmt, square):
+    """Whichever isolation decodes it, with or without a side thread for the resampling's
+    bands, an upload gets the same statistics, sizes and tables (a JPEG comes unfitted,
+    any other format fitted too)."""
     from flask_animegan import process
 
-    image = fitted(photo("coffee"))
-    beside = Fingerprint.of(image, 16)
+    data = encode_image(photo("coffee"), fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    limits = DecodeLimits(max_pixels=10**8)
+    answers = []
+    for isolation in ("process", "thread"):
+        decoder = Decoder(limits=limits, isolation=isolation, timeout=30, slots=1,
+                          max_queue=0, queue_timeout=30)
+        answers.append(decoder.sample(data, size=256, square=square))
     monkeypatch.setattr(process, "side_thread", lambda: None)
-    alone = Fingerprint.of(image, 16)
-    assert beside.phash == alone.phash and beside.size == alone.size
-    assert np.array_equal(beside.luma, alone.luma) and np.array_equal(beside.cells, alone.cells)
+    answers.append(decoder.sample(data, size=256, square=square))
+    first = answers[0]
+    assert (first.fitted is None) is (fmt == "JPEG")
+    for other in answers[1:]:
+        assert other.samples.to_bytes() == first.samples.to_bytes()
+        assert (other.source_size, other.format, other.jpeg_tables) == (
+            first.source_size, first.format, first.jpeg_tables)
+        assert (other.fitted is None) is (first.fitted is None)
+        if first.fitted is not None:
+            assert other.fitted.image.tobytes() == first.fitted.image.tobytes()
+    assert first.source_size == (600, 400)
+    assert (first.jpeg_tables != 0) is (fmt == "JPEG")
 
 
 def test_the_rule_is_symmetric_and_needs_every_cell():
     """One cell off by more than the rule allows, in one statistic, is a different photo."""
-    first = Fingerprint.of(fitted(photo("astronaut")), 16)
+    first = uploaded(photo("astronaut"))
     assert first.luma.shape == LUMA_SHAPE and first.cells.shape == CELLS_SHAPE
     assert first.excess(first) == 0 and first.same_photo(first, 0)
     mean, deviation = (int(v) for v in first.luma[7, 9])
     colour = int(first.cells[3, 4, 0])
-    # a copy fitted to the same size gets the tight allowance, one of another size (a
-    # resized copy of a photo smaller than the output) the wider one
-    for size, allowance in ((first.size, SAME_SIZE), ((first.size[0] - 1, first.size[1]),
-                                                      OTHER_SIZE)):
+    # an upload of the same pixel size gets the tight allowance, one of another size (a
+    # resized copy) the wider one
+    for source, allowance in ((first.source, SAME_SIZE),
+                              ((first.source[0] - 1, first.source[1]), OTHER_SIZE)):
         allowed = int(allowance.mean_levels + allowance.mean_per_deviation * deviation)
         sign = 1 if mean + allowed + 1 <= 255 else -1
         for change, same in ((allowed, True), (allowed + 1, False)):
             luma = first.luma.copy()
             luma[7, 9, 0] = mean + sign * change
-            copy = Fingerprint(first.phash, size, luma, first.cells)
+            copy = Fingerprint(first.phash, first.size, luma, first.cells, source)
             assert first.same_photo(copy, 6) is same and copy.same_photo(first, 6) is same
         levels = int(allowance.colour_levels)
         colour_sign = 1 if colour + levels + 1 <= 255 else -1
         for change, same in ((levels, True), (levels + 1, False)):
             cells = first.cells.copy()
             cells[3, 4, 0] = colour + colour_sign * change
-            copy = Fingerprint(first.phash, size, first.luma, cells)
+            copy = Fingerprint(first.phash, first.size, first.luma, cells, source)
             assert first.same_photo(copy, 6) is same and copy.same_photo(first, 6) is same
-    # a mosaic's flat blocks: the detail of one cell halved is a different photo
+    # a mosaic's flat blocks: the detail of one cell cut by more than DETAIL_SHARE is a
+    # different photo
     detailed = np.unravel_index(np.argmax(first.cells[..., 2]), first.cells.shape[:2])
-    cells = first.cells.copy()
-    cells[detailed + (2,)] //= 2
-    assert first.cells[detailed + (2,)] >= 2 * DETAIL_LEVELS
-    assert not first.same_photo(Fingerprint(first.phash, first.size, first.luma, cells), 6)
+    detail = int(first.cells[detailed + (2,)])
+    assert detail * DETAIL_SHARE >= DETAIL_LEVELS + 1
+    for cut, same in ((int(detail * DETAIL_SHARE), True), (int(detail * DETAIL_SHARE) + 1, False)):
+        cells = first.cells.copy()
+        cells[detailed + (2,)] = detail - cut
+        copy = Fingerprint(first.phash, first.size, first.luma, cells, first.source)
+        assert first.same_photo(copy, 6) is same and copy.same_photo(first, 6) is same
     wider = (round(first.size[0] * 1.05), first.size[1])
-    other_aspect = Fingerprint(first.phash, wider, first.luma, first.cells)
+    other_aspect = Fingerprint(first.phash, wider, first.luma, first.cells, first.source)
     assert not first.same_photo(other_aspect, 6)
 
 
@@ -267,14 +295,18 @@ def test_two_jpegs_of_one_size_and_one_set_of_tables_get_a_share_of_the_allowanc
     """An edit, or a copy saved again at the photo's own quality (the same pixel size and
     JPEG tables), is held to SAME_JPEG_SHARE of the allowance; other tables, another
     format, a resized copy (another pixel size) or unknown sizes to all of it."""
-    image = fitted(photo("astronaut"))
-    mean, deviation = (int(v) for v in Fingerprint.of(image, 16).luma[7, 9])
-    allowed = SAME_SIZE.mean_levels + SAME_SIZE.mean_per_deviation * deviation
+    statistics = of_picture(photo("astronaut"))
+    mean, deviation = (int(v) for v in statistics.luma[7, 9])
+
+    def allowed(allowance) -> float:
+        return allowance.mean_levels + allowance.mean_per_deviation * deviation
+
     q90, q70 = 0x1234, 0x5678  # two JPEG tables' digests (DecodedUpload.jpeg_tables)
 
     def same(change: int, first: tuple[tuple[int, int], int],
              second: tuple[tuple[int, int], int]) -> bool:
-        a = Fingerprint.of(image, 16, source=first[0], jpeg_tables=first[1])
+        a = Fingerprint.of(statistics, 16, size=(512, 512), source=first[0],
+                           jpeg_tables=first[1])
         luma = a.luma.copy()
         luma[7, 9, 0] = mean - change if mean >= 128 else mean + change
         b = Fingerprint(a.phash, a.size, luma, a.cells, source=second[0],
@@ -283,22 +315,24 @@ def test_two_jpegs_of_one_size_and_one_set_of_tables_get_a_share_of_the_allowanc
         return a.same_photo(b, 6)
 
     size, resized = (512, 512), (538, 538)
-    full, least = int(allowed), int(allowed * SAME_JPEG_SHARE)
+    full, least = int(allowed(SAME_SIZE)), int(allowed(SAME_SIZE) * SAME_JPEG_SHARE)
     assert least < full
     assert same(least, (size, q90), (size, q90)) and not same(least + 1, (size, q90), (size, q90))
     for other in (((size, q90), (size, q70)),  # saved at another quality
                   ((size, q90), (size, 0)),  # a PNG beside a JPEG
                   ((size, 0), (size, 0)),  # two PNGs
-                  ((size, q90), (resized, q90)),  # a resized copy
                   (((0, 0), q90), ((0, 0), q90))):  # sizes not known
         assert same(full, *other) and not same(full + 1, *other), other
+    wider = int(allowed(OTHER_SIZE))  # a resized copy: another pixel size
+    assert same(wider, (size, q90), (resized, q90))
+    assert not same(wider + 1, (size, q90), (resized, q90))
 
 
 def test_the_index_keeps_the_uploads_size_and_jpeg_tables():
     cache = NearDuplicateCache(MemoryStorage(10**8), ttl=60)
-    image = fitted(photo("coffee"))
-    stored = cache.fingerprint(image, source=(600, 400), jpeg_tables=0xFEDCBA98)
-    cache.put(("s", SIDE, "jpeg"), stored, b"result", image.size)
+    stored = cache.fingerprint(of_picture(photo("coffee")), size=(512, 341), source=(600, 400),
+                               jpeg_tables=0xFEDCBA98)
+    cache.put(("s", SIDE, "jpeg"), stored, b"result", stored.size)
     member = cache.lookup(("s", SIDE, "jpeg")).members[0].fingerprint
     assert (member.source, member.jpeg_tables) == ((600, 400), 0xFEDCBA98)
 
@@ -331,18 +365,17 @@ def test_a_hidden_face_misses_whichever_copy_came_first(hide):
     original = photo("astronaut")
     for first, second in ((original, hide(original)), (hide(original), original)):
         cache = make_cache()
-        image = fitted(first)
-        cache.put(("s", SIDE, "jpeg"), cache.fingerprint(image), b"first", image.size)
-        assert cache.get(("s", SIDE, "jpeg"), cache.fingerprint(fitted(second))) is None
+        stored = uploaded(first)
+        cache.put(("s", SIDE, "jpeg"), stored, b"first", stored.size)
+        assert cache.get(("s", SIDE, "jpeg"), uploaded(second)) is None
 
 
 # -- storage behaviour -----------------------------------------------------------------
 
 def test_namespace_separates_style_size_and_format():
     cache = make_cache()
-    image = fitted(photo("astronaut"))
-    fingerprint = cache.fingerprint(image)
-    cache.put(("a", SIDE, "jpeg"), fingerprint, b"a-result", image.size)
+    fingerprint = uploaded(photo("astronaut"))
+    cache.put(("a", SIDE, "jpeg"), fingerprint, b"a-result", fingerprint.size)
     assert cache.get(("a", SIDE, "jpeg"), fingerprint).data == b"a-result"
     for other in (("b", SIDE, "jpeg"), ("a", 256, "jpeg"), ("a", SIDE, "png")):
         assert cache.get(other, fingerprint) is None
@@ -351,9 +384,8 @@ def test_namespace_separates_style_size_and_format():
 
 def test_entries_expire_after_the_ttl():
     cache = NearDuplicateCache(MemoryStorage(10**6), ttl=0.3)
-    image = fitted(photo("coffee"), 64)
-    fingerprint = cache.fingerprint(image)
-    cache.put(("s", 64, "jpeg"), fingerprint, b"x" * 100, image.size)
+    fingerprint = uploaded(photo("coffee"), 64)
+    cache.put(("s", 64, "jpeg"), fingerprint, b"x" * 100, fingerprint.size)
     assert cache.get(("s", 64, "jpeg"), fingerprint) is not None
     time.sleep(0.4)
     assert cache.get(("s", 64, "jpeg"), fingerprint) is None
@@ -363,7 +395,7 @@ def test_entries_expire_after_the_ttl():
 def test_the_byte_budget_evicts_least_recently_used_results():
     """Each client's namespace is its own index: the budget drops the least recently used."""
     names = ("astronaut", "coffee", "rocket", "retina")
-    prints = {n: make_cache().fingerprint(fitted(photo(n), 64)) for n in names}
+    prints = {n: uploaded(photo(n), 64) for n in names}
     # room for three entries: an index of one member (about 11.9 KB) + 4.8 KB of result
     # (astronaut's is 2.4 KB longer)
     budget = 3 * (11_900 + 4_800 + 2 * 256 + 100) + 2_400
@@ -382,9 +414,9 @@ def test_the_byte_budget_evicts_least_recently_used_results():
 
 def test_a_disabled_cache_stores_nothing():
     cache = NearDuplicateCache(MemoryStorage(10**6), ttl=0)
-    image = fitted(photo("coffee"), 64)
-    cache.put(("s", 64, "jpeg"), cache.fingerprint(image), b"x", image.size)
-    assert cache.get(("s", 64, "jpeg"), cache.fingerprint(image)) is None
+    fingerprint = uploaded(photo("coffee"), 64)
+    cache.put(("s", 64, "jpeg"), fingerprint, b"x", fingerprint.size)
+    assert cache.get(("s", 64, "jpeg"), fingerprint) is None
     assert cache.stats()["entries"] == 0
 
 
@@ -510,8 +542,8 @@ def test_through_the_api_a_resized_copy_of_a_photo_smaller_than_the_output_hits(
         make_app, name, factor):
     """A photo under the output's size is never upscaled, so a 5 % smaller copy of it is
     fitted to another size. The grids see both through one Lanczos resampling to the
-    same samples; box-filtered (as before), their rows and columns were repeated at
-    other places, and these copies (JPEG q90, as the photo) missed."""
+    same samples (box-filtered, their rows and columns were repeated at other places,
+    and these copies, JPEG q90 as the photo, missed)."""
     client = make_app(ANIMEGAN_MAX_SIDE=SIDE).test_client()
     image = open_image(photo_bytes(name, quality=90)).convert("RGB")
     assert max(image.size) < SIDE
@@ -525,12 +557,49 @@ def test_through_the_api_a_resized_copy_of_a_photo_smaller_than_the_output_hits(
     assert open_image(copy.data).size == copy_size  # the hit resized to this request's size
 
 
-def test_the_grids_take_the_lanczos_samples_and_nothing_else():
-    image = fitted(photo("chelsea"))
-    sampled = samples(image)
+def test_the_statistics_are_of_the_lanczos_samples_and_nothing_else():
+    """A fingerprint keeps the statistics of the picture resampled with Lanczos to
+    SAMPLE_SIDE x SAMPLE_SIDE: each fine cell's luma mean and deviation over its 8 x 8
+    samples, as they are; describe() refuses anything but the samples."""
+    image = photo("chelsea")
+    sampled = resampled(image)
     assert sampled.size == (SAMPLE_SIDE, SAMPLE_SIDE) and sampled.mode == "RGB"
-    fingerprint = Fingerprint.of(image, 16)
-    assert np.array_equal(fingerprint.luma, luma_grid(sampled))
-    assert np.array_equal(fingerprint.cells, cell_grid(sampled))
+    statistics = describe(sampled)
+    assert statistics.to_bytes() == of_picture(image).to_bytes()
+    assert Samples.from_bytes(statistics.to_bytes()).to_bytes() == statistics.to_bytes()
+    fingerprint = Fingerprint.of(statistics, 16, size=image.size)
+    assert np.array_equal(fingerprint.luma, statistics.luma)
+    assert np.array_equal(fingerprint.cells, statistics.cells)
+    luma = np.asarray(sampled.convert("YCbCr").getchannel(0), np.float64)
+    for row, column in ((0, 0), (7, 9), (40, 63)):
+        cell = luma[row * 8:row * 8 + 8, column * 8:column * 8 + 8]
+        mean, deviation = statistics.luma[row, column]
+        assert abs(int(mean) - cell.mean()) <= 0.5 and abs(int(deviation) - cell.std()) <= 0.5
     with pytest.raises(ValueError, match="samples"):
-        luma_grid(image)  # a fitted input is not the samples
+        describe(image)  # the photo itself is not the samples
+    with pytest.raises(ValueError):
+        Samples(statistics.luma[:-1], statistics.cells, statistics.thumb)
+
+
+def test_a_fit_is_skipped_by_a_jpeg_hit_and_done_once_by_any_other(make_app):
+    """A re-encoded JPEG that hits is decoded once, at its DCT scale, and never fitted;
+    a PNG is fitted from the decode that takes its statistics, so a miss decodes it once."""
+    client = make_app(ANIMEGAN_MAX_SIDE=SIDE).test_client()
+    query = f"?style=test_style&size={SIDE}"
+
+    def stages(data: bytes) -> tuple[str, set[str]]:
+        response = convert(client, data, query)
+        assert response.status_code == 200, response.get_data(as_text=True)
+        timing = response.headers["Server-Timing"]
+        return response.headers["X-Cache"], {part.split(";")[0] for part in timing.split(", ")}
+
+    image = photo("coffee")
+    assert stages(encode_image(image, "JPEG", quality=90)) == (
+        "MISS", {"lookup", "sample", "cache", "decode", "infer", "encode"})
+    assert stages(encode_image(image, "JPEG", quality=80)) == (
+        "HIT", {"lookup", "sample", "cache"})
+    mirrored = ImageOps.mirror(image)
+    assert stages(encode_image(mirrored, "PNG")) == (
+        "MISS", {"lookup", "sample", "cache", "infer", "encode"})
+    assert stages(encode_image(mirrored, "JPEG", quality=85)) == (
+        "HIT", {"lookup", "sample", "cache"})

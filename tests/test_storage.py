@@ -22,7 +22,7 @@ from flask_animegan.cache import (
     ResultStore,
     StoredResult,
 )
-from flask_animegan.cache.fingerprint import GRID_BYTES
+from flask_animegan.cache.fingerprint import GRID_BYTES, Fingerprint
 from flask_animegan.cache.near_duplicate import (
     IndexMember,
     decode_entry,
@@ -34,7 +34,7 @@ from flask_animegan.cache.storage import MemoryStorage, open_storage
 from flask_animegan.cache.storage.memory import ITEM_OVERHEAD
 from flask_animegan.cache.storage.redis import RedisStorage
 from flask_animegan.errors import ImageTooLarge
-from flask_animegan.inputs.decoding import DecodeLimits
+from flask_animegan.inputs.decoding import DecodeLimits, fitted_size
 from flask_animegan.inputs.isolation import Decoder
 
 PREFIX = "animegan:test:"
@@ -49,22 +49,24 @@ def uri(request) -> str:
     return request.getfixturevalue("redis_server").uri
 
 
-def fitted(image: Image.Image, fmt: str = "PNG", **params) -> Image.Image:
-    """What the service fingerprints: the upload as sent, decoded and fitted to SIDE."""
-    decoded = Decoder(limits=DecodeLimits(max_pixels=10**8), isolation="thread", timeout=30,
-                      slots=1, max_queue=0, queue_timeout=30).decode(
+def uploaded(image: Image.Image, fmt: str = "PNG", **params) -> Fingerprint:
+    """What the service fingerprints of ``image`` uploaded as ``fmt`` for SIDE: the
+    statistics the decoder takes of it."""
+    sampled = Decoder(limits=DecodeLimits(max_pixels=10**8), isolation="thread", timeout=30,
+                      slots=1, max_queue=0, queue_timeout=30).sample(
         encode_image(image, fmt, **params), size=SIDE)
-    return getattr(decoded, "image", decoded)
+    return Fingerprint.of(sampled.samples, 16, size=fitted_size(sampled.source_size, SIDE),
+                          source=sampled.source_size, jpeg_tables=sampled.jpeg_tables)
 
 
 @pytest.fixture(scope="module")
-def astronaut() -> dict[str, Image.Image]:
+def astronaut() -> dict[str, Fingerprint]:
     """The astronaut as uploaded, re-encoded, with her face pixelated, and another photo."""
     original = photo("astronaut")
-    return {"original": fitted(original, compress_level=0),
-            "jpeg q85": fitted(original, "JPEG", quality=85),
-            "face pixelated": fitted(pixelated(original, (180, 60, 290, 190), 12)),
-            "coffee": fitted(photo("coffee"))}
+    return {"original": uploaded(original, compress_level=0),
+            "jpeg q85": uploaded(original, "JPEG", quality=85),
+            "face pixelated": uploaded(pixelated(original, (180, 60, 290, 190), 12)),
+            "coffee": uploaded(photo("coffee"))}
 
 
 # -- the storage interface, on both backends ---------------------------------------------
@@ -145,17 +147,17 @@ def test_a_re_encoded_copy_hits_and_a_locally_edited_one_misses(uri, astronaut):
     cache = make_cache(uri)
     namespace = ("203.0.113.7", "style", SIDE, "jpeg")
     original = astronaut["original"]
-    cache.put(namespace, cache.fingerprint(original), b"A's result", original.size)
-    found = cache.get(namespace, cache.fingerprint(astronaut["jpeg q85"]))
+    cache.put(namespace, original, b"A's result", original.size)
+    found = cache.get(namespace, astronaut["jpeg q85"])
     assert found is not None and (found.data, found.size) == (b"A's result", original.size)
     for other in ("face pixelated", "coffee"):
-        assert cache.get(namespace, cache.fingerprint(astronaut[other])) is None, other
+        assert cache.get(namespace, astronaut[other]) is None, other
     assert (cache.stats()["hits"], cache.stats()["misses"]) == (1, 2)
 
 
 def test_clients_styles_sizes_and_formats_do_not_share(uri, astronaut):
     cache = make_cache(uri)
-    fingerprint = cache.fingerprint(astronaut["original"])
+    fingerprint = astronaut["original"]
     cache.put(("203.0.113.7", "a", SIDE, "jpeg"), fingerprint, b"result", (SIDE, SIDE))
     assert cache.get(("203.0.113.7", "a", SIDE, "jpeg"), fingerprint) is not None
     for other in (("203.0.113.8", "a", SIDE, "jpeg"), (None, "a", SIDE, "jpeg"),
@@ -166,7 +168,7 @@ def test_clients_styles_sizes_and_formats_do_not_share(uri, astronaut):
 
 def test_cache_entries_expire_after_the_ttl(uri, astronaut):
     cache = NearDuplicateCache(open_storage(uri, max_bytes=10**8, prefix=PREFIX), ttl=0.3)
-    fingerprint = cache.fingerprint(astronaut["original"])
+    fingerprint = astronaut["original"]
     cache.put(("c", "s", SIDE, "jpeg"), fingerprint, b"result", (SIDE, SIDE))
     assert cache.get(("c", "s", SIDE, "jpeg"), fingerprint) is not None
     time.sleep(0.4)
@@ -177,9 +179,9 @@ def test_only_the_newest_entries_of_a_namespace_are_candidates(uri, astronaut):
     cache = make_cache(uri, index_cap=2)
     namespace = ("c", "s", SIDE, "jpeg")
     for name in ("original", "face pixelated", "coffee"):  # three different photos
-        cache.put(namespace, cache.fingerprint(astronaut[name]), name.encode(), (SIDE, SIDE))
-    assert cache.get(namespace, cache.fingerprint(astronaut["original"])) is None
-    assert cache.get(namespace, cache.fingerprint(astronaut["coffee"])).data == b"coffee"
+        cache.put(namespace, astronaut[name], name.encode(), (SIDE, SIDE))
+    assert cache.get(namespace, astronaut["original"]) is None
+    assert cache.get(namespace, astronaut["coffee"]).data == b"coffee"
     assert len(cache.storage.index(f"index:{cache._digest(namespace)}", 100)) == 2
 
 
@@ -197,7 +199,7 @@ def test_corrupt_index_members_and_entries_are_skipped(uri, astronaut):
     cache = make_cache(uri, index_cap=32)
     namespace = ("c", "s", SIDE, "jpeg")
     index = f"index:{cache._digest(namespace)}"
-    fingerprint = cache.fingerprint(astronaut["original"])
+    fingerprint = astronaut["original"]
     cache.put(namespace, fingerprint, b"real", (SIDE, SIDE))
     real = cache.storage.index(index, 1)[0]
     assert decode_member(real, 16) is not None and decode_member(real, 8) is None
@@ -215,8 +217,8 @@ def test_corrupt_index_members_and_entries_are_skipped(uri, astronaut):
 def test_a_file_sent_again_is_found_by_its_keyed_digest_in_one_index_read(uri, astronaut):
     cache = make_cache(uri, key=b"the app's secret")
     namespace = ("203.0.113.7", "style", SIDE, "jpeg")
-    data = encode_image(astronaut["original"], "JPEG", quality=90)
-    fingerprint = cache.fingerprint(astronaut["original"])
+    data = encode_image(photo("astronaut"), "JPEG", quality=90)
+    fingerprint = astronaut["original"]
     upload = cache.upload_digest(data)
     cache.put(namespace, fingerprint, b"A's result", (SIDE, SIDE), upload=upload)
     again = cache.lookup(namespace).same_upload(cache.upload_digest(data))
@@ -235,7 +237,7 @@ def test_a_file_sent_again_is_found_by_its_keyed_digest_in_one_index_read(uri, a
 def test_the_upload_digest_is_keyed_so_redis_cannot_confirm_a_known_photo(astronaut):
     import hashlib
 
-    data = encode_image(astronaut["original"], "JPEG", quality=90)
+    data = encode_image(photo("astronaut"), "JPEG", quality=90)
     digests = {NearDuplicateCache(ttl=60, max_bytes=10**6, key=key).upload_digest(data)
                for key in (b"one secret", b"another secret")}
     unkeyed = {hashlib.blake2b(data, digest_size=16).digest(), hashlib.md5(data).digest(),
@@ -257,7 +259,7 @@ def test_redis_keys_are_prefixed_hashed_and_expire(redis_server, astronaut):
     pages = ResultStore(open_storage(redis_server.uri, max_bytes=10**6, prefix="animegan:page:"),
                         ttl=60, max_bytes=10**6)
     cache.put(("203.0.113.7", "style", SIDE, "jpeg"),
-              cache.fingerprint(astronaut["original"]), b"result", (SIDE, SIDE))
+              astronaut["original"], b"result", (SIDE, SIDE))
     token = pages.add(StoredResult(b"o", b"r", "image/jpeg", "style", (1, 1)))
     client = redis_server.client()
     keys = sorted(key.decode() for key in client.keys("*"))
@@ -296,18 +298,18 @@ def test_a_hit_and_a_miss_cost_two_redis_round_trips_each(redis_server, astronau
     namespace = ("c", "s", SIDE, "jpeg")
     original, copy = astronaut["original"], astronaut["jpeg q85"]
     # a miss: the lookup, then the put of the new result
-    first = cache.fingerprint(original)
+    first = original
     assert trips(lambda: cache.get(namespace, first)) == 1
     assert trips(lambda: cache.put(namespace, first, b"result", original.size)) == 1
     # a miss whose candidates fail the checks, in a namespace full of them
     for name in ("face pixelated", "coffee"):
-        cache.put(namespace, cache.fingerprint(astronaut[name]), b"other", (SIDE, SIDE))
-    edited = cache.fingerprint(pixelated(original, (150, 150, 200, 200), 10))
+        cache.put(namespace, astronaut[name], b"other", (SIDE, SIDE))
+    edited = uploaded(pixelated(photo("astronaut"), (150, 150, 200, 200), 10))
     assert trips(lambda: cache.get(namespace, edited)) == 1
     assert cache.stats()["hits"] == 0
     # a hit: the index, then the entry
     found = []
-    assert trips(lambda: found.append(cache.get(namespace, cache.fingerprint(copy)))) == 2
+    assert trips(lambda: found.append(cache.get(namespace, copy))) == 2
     assert found[0].data == b"result"
     # a file sent again: the index, then the entry; one that is not: the index once, for
     # its digest and its fingerprint
@@ -341,7 +343,7 @@ def test_bytes_stored_per_entry_on_redis(redis_server, astronaut):
     usage = {}
     for name in ("original", "coffee"):
         result = np.random.default_rng(1).bytes(30_000)  # a 256 px JPEG's order of size
-        cache.put(namespace, cache.fingerprint(astronaut[name]), result, (SIDE, SIDE))
+        cache.put(namespace, astronaut[name], result, (SIDE, SIDE))
         usage[name] = client.memory_usage(index, samples=0)
     member = usage["coffee"] - usage["original"]
     entry = {name: client.memory_usage(f"{PREFIX}entry:{cache._digest(namespace)}:"
@@ -380,7 +382,7 @@ def test_a_redis_outage_is_quiet_quick_and_ends_by_itself(redis_server, astronau
     storage = RedisStorage(redis_server.uri, prefix=PREFIX, retry_after=0.3)
     cache = NearDuplicateCache(storage, ttl=60)
     namespace = ("c", "s", SIDE, "jpeg")
-    fingerprint = cache.fingerprint(astronaut["original"])
+    fingerprint = astronaut["original"]
     cache.put(namespace, fingerprint, b"result", (SIDE, SIDE))
     assert cache.get(namespace, fingerprint) is not None
     redis_server.kill()
@@ -541,7 +543,7 @@ def test_a_redis_uri_without_redis_py_says_what_to_install(monkeypatch):
 
 def test_a_member_round_trips_exactly(astronaut):
     cache = NearDuplicateCache(MemoryStorage(10**6), ttl=60)
-    fingerprint = cache.fingerprint(astronaut["original"])
+    fingerprint = astronaut["original"]
     member = decode_member(encode_member(IndexMember(1.5, b"i" * 16, fingerprint), 16), 16)
     assert member.created == 1.5 and member.entry_id == b"i" * 16
     again = member.fingerprint

@@ -1,20 +1,19 @@
-"""What the cache keeps of an input, and the one rule that decides "the same photo".
+"""What the cache keeps of an upload, and the one rule that decides "the same photo".
 
-A :class:`Fingerprint` of the fitted input (the picture the network converts) is its
-perceptual hash (the candidate key), its size in pixels, the upload's own size and how
-it was compressed (a JPEG's tables), and two grids of statistics laid over the picture,
-whatever its size, rounded to whole levels (uint8, 11,264 bytes). Both are taken from
-one copy of the picture resampled with Lanczos to ``SAMPLE_SIDE`` x ``SAMPLE_SIDE``
-samples (:func:`samples`): inputs of slightly different sizes (a resized copy of a photo
-smaller than the output, which is never upscaled) are then cut at the same places and
-smoothed alike, where a box filter would repeat rows and columns at other places in each:
+A :class:`Fingerprint` of an upload is its perceptual hash (the candidate key), the size
+it is fitted to for the network, its own size in pixels and how it was compressed (a
+JPEG's tables), and the two grids of :mod:`flask_animegan.inputs.samples`, rounded to
+whole levels (uint8, 11,264 bytes): statistics of the upright picture resampled with
+Lanczos to 512 x 512 samples, which the decode helper computes and sends back:
 
-* ``luma``: on a ``FINE_SIDE`` x ``FINE_SIDE`` grid, each cell's mean luma (Y) and its
-  standard deviation;
-* ``cells``: on a ``COARSE_SIDE`` x ``COARSE_SIDE`` grid, each cell's mean Cb and Cr and
-  its detail, the mean absolute difference between neighbouring luma samples.
+* ``luma``: on a 64 x 64 grid, each cell's mean luma (Y) and its standard deviation;
+* ``cells``: on a 32 x 32 grid, each cell's mean Cb and Cr and its detail, the mean
+  absolute difference between neighbouring luma samples.
 
-That is all an entry keeps of its input: never the upload, never its pixels.
+The samples are taken from the decoded upload, not from the input fitted to the output
+(a JPEG at the smallest DCT scale that keeps 512 samples a side): a hit needs no fit,
+and the fingerprint of a photo is the same at every output size. That is all an entry
+keeps of its input: never the upload, never its pixels.
 
 The rule (:meth:`Fingerprint.same_photo`, stated in docs/http-api.md): two inputs are the
 same photo when their phashes are within ``max_distance`` bits, their aspect ratios within
@@ -25,11 +24,10 @@ one or ``DETAIL_LEVELS`` levels, whichever allows more. The means see what is co
 pasted or recoloured; the detail sees what is blurred or pixelated, which keeps local
 means (a mosaic's flat blocks have no differences inside them). Resizing and re-encoding
 move the means of textured cells more than those of flat ones, hence the allowance per
-unit of deviation. Two inputs fitted to the same size (every photo at least as large as
-the output, and every edit of a photo, which keeps its size) differ only by re-encoding,
-so their means get the tight :data:`SAME_SIZE` allowance; a resized copy of a photo
-smaller than the output is fitted to another size (images are never upscaled), and gets
-:data:`OTHER_SIZE`. Two JPEGs of the same pixel size saved with the same quantization
+unit of deviation. Two uploads of the same pixel size (a copy saved again, and every edit
+of a photo, which keeps its size) differ only by re-encoding and what was edited, so
+their means get the tight :data:`SAME_SIZE` allowance; a resized copy has another pixel
+size, its samples are resampled from another grid, and it gets :data:`OTHER_SIZE`. Two JPEGs of the same pixel size saved with the same quantization
 tables (an edit, or a copy saved again at the photo's own quality; never a resized copy)
 differ by next to nothing outside what changed, since re-saving a JPEG with its own
 tables hardly moves it: they get :data:`SAME_JPEG_SHARE` of every allowance
@@ -45,14 +43,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
 
-from ..process import in_halves
+from ..inputs.samples import CELLS_SHAPE, COARSE_SIDE, FINE_SIDE, LUMA_SHAPE, Samples
 
-FINE_SIDE = 64  # cells per side of the luma grid: a 1 % box (10 % x 10 %) covers >= 5x5
-COARSE_SIDE = 32  # cells per side of the colour and detail grid (JPEG halves colour anyway)
-CELL_SAMPLES = 8  # each cell's statistics are taken over 8x8 samples
-SAMPLE_SIDE = FINE_SIDE * CELL_SAMPLES  # the Lanczos-resampled copy both grids are taken from
 
 @dataclass(frozen=True)
 class Allowance:
@@ -63,17 +56,15 @@ class Allowance:
     colour_levels: float  # Cb and Cr
 
 
-#: Two inputs fitted to the same size: re-encoding alone between them.
-SAME_SIZE = Allowance(mean_levels=2.0, mean_per_deviation=0.1, colour_levels=4.0)
-#: Fitted to different sizes: a resized copy of a photo smaller than the output.
-OTHER_SIZE = Allowance(mean_levels=3.0, mean_per_deviation=0.15, colour_levels=4.0)
-DETAIL_SHARE = 0.5
-DETAIL_LEVELS = 5.0
+#: Two uploads of the same pixel size: re-encoding (or an edit) alone between them.
+SAME_SIZE = Allowance(mean_levels=2.5, mean_per_deviation=0.125, colour_levels=5.0)
+#: Uploads of different pixel sizes: a resized copy.
+OTHER_SIZE = Allowance(mean_levels=3.75, mean_per_deviation=0.1875, colour_levels=5.0)
+DETAIL_SHARE = 0.625
+DETAIL_LEVELS = 6.25
 ASPECT_TOLERANCE = 0.02  # relative; a crop of a photo is a different photo
 #: The share of every allowance for two JPEGs of the same pixel size and quantization tables.
 SAME_JPEG_SHARE = 0.55
-LUMA_SHAPE = (FINE_SIDE, FINE_SIDE, 2)  # [row, column, (mean, standard deviation)]
-CELLS_SHAPE = (COARSE_SIDE, COARSE_SIDE, 3)  # [row, column, (Cb mean, Cr mean, detail)]
 GRID_BYTES = FINE_SIDE * FINE_SIDE * 2 + COARSE_SIDE * COARSE_SIDE * 3
 
 
@@ -89,22 +80,18 @@ class Fingerprint:
     jpeg_tables: int = 0  # a digest of the upload's JPEG tables (DecodedUpload); 0: none
 
     @classmethod
-    def of(cls, image: Image.Image, hash_size: int, *, source: tuple[int, int] | None = None,
-           jpeg_tables: int = 0) -> Fingerprint:
-        """The fingerprint of ``image``, the fitted input of an upload of ``source`` pixels
-        and ``jpeg_tables`` (a DecodedUpload's ``source_size`` and ``jpeg_tables``)."""
+    def of(cls, samples: Samples, hash_size: int, *, size: tuple[int, int],
+           source: tuple[int, int] | None = None, jpeg_tables: int = 0) -> Fingerprint:
+        """The fingerprint of an upload from its statistics (a SampledUpload's), fitted to
+        ``size`` for the network, of ``source`` pixels (None: ``size``) and
+        ``jpeg_tables``: the grids as they are, and the phash of the thumbnail."""
         import imagehash  # imported on first use: `flask` commands need none of it
 
-        sampled = samples(image)
-
-        def phash_and_cells() -> tuple[np.ndarray, np.ndarray]:
-            bits = np.packbits(imagehash.phash(sampled, hash_size=hash_size).hash.flatten())
-            return bits, cell_grid(sampled)
-
-        # the luma grid beside the rest, where a second CPU is free
-        (bits, cells), luma = in_halves(phash_and_cells, lambda: luma_grid(sampled))
-        return cls(int.from_bytes(bits.tobytes(), "big"), image.size, luma, cells,
-                   (int(source[0]), int(source[1])) if source else (0, 0), int(jpeg_tables))
+        bits = np.packbits(imagehash.phash(samples.thumb, hash_size=hash_size).hash.flatten())
+        source = source or size
+        return cls(int.from_bytes(bits.tobytes(), "big"), (int(size[0]), int(size[1])),
+                   samples.luma, samples.cells, (int(source[0]), int(source[1])),
+                   int(jpeg_tables))
 
     @property
     def aspect(self) -> float:
@@ -119,7 +106,7 @@ class Fingerprint:
         """How far the two grids are apart, as the largest ratio, over every cell and
         statistic, of the difference to what the rule allows there (at most 1: the same
         photo, as far as the grids can tell); symmetric."""
-        allowed = SAME_SIZE if self.size == other.size else OTHER_SIZE
+        allowed = SAME_SIZE if self.source == other.source else OTHER_SIZE
         share = allowance_share(self, other)
         a, b = self.luma.astype(np.float32), other.luma.astype(np.float32)
         deviation = np.maximum(a[..., 1], b[..., 1])
@@ -158,52 +145,3 @@ def allowance_share(a: Fingerprint, b: Fingerprint) -> float:
     if a.source == b.source != (0, 0) and a.jpeg_tables == b.jpeg_tables != 0:
         return SAME_JPEG_SHARE
     return 1.0
-
-
-def samples(image: Image.Image) -> Image.Image:
-    """``image`` as the grids see it: RGB, resampled with Lanczos to SAMPLE_SIDE x
-    SAMPLE_SIDE, whatever its size and shape. (Not in two bands on two threads, as the
-    fit is: at 512 px one band took 2.35 ms of the whole's 2.74 ms.)"""
-    return image.convert("RGB").resize((SAMPLE_SIDE, SAMPLE_SIDE), Image.Resampling.LANCZOS)
-
-
-def _ycbcr(sampled: Image.Image, side: int) -> np.ndarray:
-    """The :func:`samples` averaged over whole blocks to ``side`` x ``side``, as float
-    YCbCr."""
-    if sampled.size != (SAMPLE_SIDE, SAMPLE_SIDE):
-        raise ValueError(f"the grids take the {SAMPLE_SIDE}-sample copy of samples(), "
-                         f"not a {sampled.width}x{sampled.height} image")
-    reduced = sampled if side == SAMPLE_SIDE else sampled.reduce(SAMPLE_SIDE // side)
-    return np.asarray(reduced.convert("YCbCr"), np.float32)
-
-
-def _cell_means(values: np.ndarray, cells: int) -> np.ndarray:
-    starts = np.arange(0, cells * CELL_SAMPLES, CELL_SAMPLES)
-    sums = np.add.reduceat(np.add.reduceat(values, starts, axis=0), starts, axis=1)
-    return np.asarray(sums / CELL_SAMPLES**2)
-
-
-def _levels(stats: list[np.ndarray]) -> np.ndarray:
-    return np.ascontiguousarray(np.clip(np.rint(np.stack(stats, axis=-1)), 0, 255)
-                                .astype(np.uint8))
-
-
-def luma_grid(sampled: Image.Image) -> np.ndarray:
-    """Each fine cell's mean luma and its standard deviation, in whole levels, from the
-    :func:`samples` of a picture."""
-    y = _ycbcr(sampled, SAMPLE_SIDE)[..., 0]
-    mean = _cell_means(y, FINE_SIDE)
-    deviation = np.sqrt(np.maximum(_cell_means(y * y, FINE_SIDE) - mean**2, 0))
-    return _levels([mean, deviation])
-
-
-def cell_grid(sampled: Image.Image) -> np.ndarray:
-    """Each coarse cell's mean Cb and Cr and its detail, in whole levels, from the
-    :func:`samples` of a picture."""
-    ycc = _ycbcr(sampled, COARSE_SIDE * CELL_SAMPLES)
-    means = _cell_means(ycc[..., 1:], COARSE_SIDE)
-    y = ycc[..., 0]
-    steps = np.zeros_like(y)
-    steps[:, :-1] += np.abs(np.diff(y, axis=1))
-    steps[:-1, :] += np.abs(np.diff(y, axis=0))
-    return _levels([means[..., 0], means[..., 1], _cell_means(steps, COARSE_SIDE)])

@@ -52,8 +52,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from PIL import Image
-
+from ..inputs.samples import Samples
 from .fingerprint import GRID_BYTES, Fingerprint
 from .storage import MemoryStorage, Storage
 
@@ -61,7 +60,7 @@ from .storage import MemoryStorage, Storage
 # magic, created (Unix time), width, height, the upload's width, height and JPEG tables,
 # phash bytes, entry id, upload digest
 _MEMBER = struct.Struct("<4sdIIIIIH16s16s")
-_MEMBER_MAGIC = b"AGF8"  # AGF7: the grids of a box-filtered copy, skipped
+_MEMBER_MAGIC = b"AGF9"  # AGF8 (grids of the fitted input), AGF7 (box-filtered): skipped
 _ENTRY = struct.Struct("<4sIIiI")  # magic, width, height, faces, length of the result
 _ENTRY_MAGIC = b"AGE4"
 #: Members a namespace's index keeps: a lookup reads at most 11 x 11,362 bytes (122 KiB).
@@ -159,12 +158,13 @@ class NearDuplicateCache:
         self.hits = 0
         self.misses = 0
 
-    def fingerprint(self, image: Image.Image, *, source: tuple[int, int] | None = None,
-                    jpeg_tables: int = 0) -> Fingerprint:
-        """The fingerprint of ``image``, the fitted input (what the network converts) of
-        an upload of ``source`` pixels and ``jpeg_tables`` (a DecodedUpload's
-        ``source_size`` and ``jpeg_tables``; without them, never the same-JPEG share)."""
-        return Fingerprint.of(image, self.hash_size, source=source, jpeg_tables=jpeg_tables)
+    def fingerprint(self, samples: Samples, *, size: tuple[int, int],
+                    source: tuple[int, int] | None = None, jpeg_tables: int = 0) -> Fingerprint:
+        """The fingerprint of an upload from its statistics, fitted to ``size`` (a
+        SampledUpload's ``samples``, ``source_size`` and ``jpeg_tables``; without the
+        last, never the same-JPEG share): :meth:`Fingerprint.of`."""
+        return Fingerprint.of(samples, self.hash_size, size=size, source=source,
+                              jpeg_tables=jpeg_tables)
 
     def upload_digest(self, data: bytes) -> bytes:
         """The upload's keyed digest (16 bytes), as members keep it: without the key (the

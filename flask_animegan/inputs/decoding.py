@@ -29,7 +29,7 @@ import math
 import re
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -37,6 +37,7 @@ from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
 from ..errors import BadImage, ImageTooLarge, UnsupportedImage
 from . import resample
+from .samples import SAMPLE_SIDE, Samples, describe, resampled, sample_reduction
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -69,6 +70,22 @@ class DecodedUpload:
     #: quality, with the same encoder), so re-saving one as the other changes next to
     #: nothing. 0 for any other format, or a JPEG whose tables cannot be read.
     jpeg_tables: int = 0
+
+
+@dataclass(frozen=True)
+class SampledUpload:
+    """An upload as the cache compares it (:func:`sample_upload`; what a helper process
+    sends back for a ``sample`` request)."""
+
+    #: The statistics of the upright picture (its centre square for a face style)
+    #: resampled to SAMPLE_SIDE x SAMPLE_SIDE, whatever the output's size (.samples).
+    samples: Samples
+    source_size: tuple[int, int]  # as DecodedUpload's
+    format: str
+    jpeg_tables: int = 0
+    #: The same decode fitted to the output's size, for any format but JPEG; None for a
+    #: JPEG (decoded again with :func:`decode_upload` on a miss).
+    fitted: DecodedUpload | None = None
 
 
 @dataclass(frozen=True)
@@ -114,13 +131,15 @@ def storage_bytes(mode: str) -> int:
 
 
 def decode_bytes_needed(image: ImageFile.ImageFile, *, kept: int, multi_scan: bool, size: int,
-                        square: bool, source_size: tuple[int, int]) -> int:
+                        square: bool, source_size: tuple[int, int],
+                        target: tuple[int, int] | None = None) -> int:
     """The peak memory of decoding ``image`` (opened, not loaded; a JPEG after its draft)
     into the fitted RGB image: the budget ``max_bytes`` applies to this.
 
     ``kept``: what Pillow holds of the file beside the pixels; ``multi_scan``: a JPEG
     whose coefficients libjpeg keeps (both from :func:`open_upload`). ``source_size``:
-    the file's own size (the coefficients are kept at full size).
+    the file's own size (the coefficients are kept at full size). ``target``: resized to
+    this size instead of fitted to ``size`` (:func:`sample_upload`'s samples).
     """
     width, height = image.size
     area = width * height
@@ -131,7 +150,7 @@ def decode_bytes_needed(image: ImageFile.ImageFile, *, kept: int, multi_scan: bo
     icc = image.info.get("icc_profile")
     if icc and image.mode in _ICC_MODES:
         kept += _ICC_FIXED_BYTES + _ICC_PROFILE_COPIES * len(icc)
-    resize, out = _fit_bytes(width, height, size, square, source_size)
+    resize, out = _fit_bytes(width, height, size, square, source_size, target)
     # Pillow's getexif reads EXIF, XMP, and a PNG's eXIf chunk, which may follow the pixels
     turn = out if image.format == "PNG" or {"exif", "xmp", "XML:com.adobe.xmp"} & set(
         image.info) else 0
@@ -214,13 +233,14 @@ def _conversion_bytes_per_pixel(image: Image.Image) -> int:
 
 
 def _fit_bytes(width: int, height: int, size: int, square: bool,
-               source_size: tuple[int, int]) -> tuple[int, int]:
+               source_size: tuple[int, int],
+               target: tuple[int, int] | None = None) -> tuple[int, int]:
     """What :func:`fit` allocates (a crop, or Pillow's reduce, its horizontal pass, the
     output, and what its bands add: :func:`.resample.band_bytes`) and the output's own
     bytes."""
     box_width, box_height = (min(width, height),) * 2 if square else (width, height)
     full = (min(source_size),) * 2 if square else source_size
-    target_width, target_height = output_size(*full, size)
+    target_width, target_height = target or output_size(*full, size)
     out = _RGB_BYTES * target_width * target_height
     if (target_width, target_height) == (box_width, box_height):
         return out if square else 0, out
@@ -448,10 +468,37 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
     (400), ImageTooLarge (413) or UnsupportedImage (415) with a message fit for the
     person who sent the file.
     """
-    opened, needed, source_size = _open_and_plan(data, limits, size, square)
+    fitted, _ = _decode(data, limits, size=size, square=square, side=0)
+    assert fitted is not None
+    return fitted
+
+
+def sample_upload(data: bytes, limits: DecodeLimits, *, size: int,
+                  square: bool = False) -> SampledUpload:
+    """Decode an upload as the cache compares it (:class:`SampledUpload`): the statistics
+    (:mod:`.samples`) of the upright picture (its centre square if ``square``) resampled
+    with Lanczos to SAMPLE_SIDE x SAMPLE_SIDE, whatever the output's ``size``.
+
+    A JPEG is decoded at the smallest DCT scale that keeps both sides at least SAMPLE_SIDE,
+    and not fitted: a cache hit needs no fit, and on a miss a second decode of a JPEG
+    costs less than the fit would on every hit. Any other format is also fitted to
+    ``size`` from the same decode (its ``fitted``), since decoding it again would cost
+    more. Raises as :func:`decode_upload`.
+    """
+    fitted, sampled = _decode(data, limits, size=size, square=square, side=SAMPLE_SIDE)
+    assert sampled is not None
+    return replace(sampled, fitted=fitted)
+
+
+def _decode(data: bytes, limits: DecodeLimits, *, size: int, square: bool,
+            side: int) -> tuple[DecodedUpload | None, SampledUpload | None]:
+    """The upload fitted to ``size`` (unless ``side`` and a JPEG) and, if ``side``, its
+    samples."""
+    opened, needed, source_size = _open_and_plan(data, limits, size, square, side)
     image = opened.image
     fmt = image.format
     width, height = source_size
+    fits = not side or fmt != "JPEG"
     try:
         if needed > limits.max_bytes:
             raise ImageTooLarge(
@@ -463,13 +510,24 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
         image.load()  # the first frame of an animation
         rgb = _to_rgb(image, release=True)
         del image, opened  # and with them the decoder's own buffers (libwebp's canvases)
-        fitted = fit(rgb, size, square=square, source_size=source_size)
+        sampled = None
+        if side:
+            # a JPEG was reduced by its DCT scaling; any other picture is reduced alike
+            factor = sample_reduction(source_size, side) if fits else 1
+            reduced = rgb.reduce(factor) if factor > 1 else rgb
+            sampled = resampled(reduced, _centre_square(reduced.size) if square else None)
+            del reduced
+        fitted = fit(rgb, size, square=square, source_size=source_size) if fits else None
         del rgb
         if orientation in _TRANSPOSE:
-            fitted = fitted.transpose(_TRANSPOSE[orientation])
+            turn = _TRANSPOSE[orientation]
+            fitted = fitted.transpose(turn) if fitted is not None else None
+            sampled = sampled.transpose(turn) if sampled is not None else None
         if orientation in _TURNS:
             width, height = height, width
-        return DecodedUpload(fitted, (width, height), cast(str, fmt), tables)
+        facts = ((width, height), cast(str, fmt), tables)
+        return (DecodedUpload(fitted, *facts) if fitted is not None else None,
+                SampledUpload(describe(sampled), *facts) if sampled is not None else None)
     except (ImageTooLarge, BadImage, UnsupportedImage):
         raise
     except MemoryError:
@@ -480,31 +538,86 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
 
 
 def decode_cost(data: bytes, *, size: int, square: bool = False,
-                limits: DecodeLimits | None = None) -> int:
-    """The peak memory :func:`decode_upload` would count for ``data`` (the figure held
-    against ``max_bytes``); no pixel is decoded. For tests and tools."""
+                limits: DecodeLimits | None = None, sample: bool = False) -> int:
+    """The peak memory :func:`decode_upload` (with ``sample``, :func:`sample_upload`) would
+    count for ``data`` (the figure held against ``max_bytes``); no pixel is decoded. For
+    tests and tools."""
     limits = limits or DecodeLimits(max_pixels=10**12, max_bytes=1 << 62,
                                     max_aspect=1e9, max_scans=10**9)
-    return _open_and_plan(data, limits, size, square)[1]
+    return _open_and_plan(data, limits, size, square, SAMPLE_SIDE if sample else 0)[1]
 
 
-def _open_and_plan(data: bytes, limits: DecodeLimits, size: int,
-                   square: bool) -> tuple[OpenedUpload, int, tuple[int, int]]:
+def _open_and_plan(data: bytes, limits: DecodeLimits, size: int, square: bool,
+                   side: int = 0) -> tuple[OpenedUpload, int, tuple[int, int]]:
     """The opened upload (a large JPEG set to its reduced DCT scale), its peak memory
-    and the file's own size."""
+    and the file's own size. ``side``: for :func:`sample_upload`'s samples of ``side``
+    (a JPEG is then decoded for them alone)."""
     opened = open_upload(data, limits)
     image = opened.image
     source_size = width, height = image.size
     try:
-        if image.format == "JPEG":
+        samples_only = side and image.format == "JPEG"
+        if samples_only:
+            factor = sample_reduction(source_size, side)
+            if factor > 1:
+                image.draft("RGB", (width // factor, height // factor))
+        elif image.format == "JPEG":
             scale = DRAFT_MARGIN * size / (min(width, height) if square else max(width, height))
             if scale < 1:
                 image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-        needed = decode_bytes_needed(image, kept=opened.kept, multi_scan=opened.multi_scan,
-                                     size=size, square=square, source_size=source_size)
+
+        def peak(target: tuple[int, int] | None = None) -> int:
+            return decode_bytes_needed(image, kept=opened.kept, multi_scan=opened.multi_scan,
+                                       size=size, square=square, source_size=source_size,
+                                       target=target)
+
+        if not side:
+            needed = peak()
+        elif samples_only:  # the drafted picture resampled, as a fit to (side, side) is
+            needed = peak((side, side))
+        else:  # the samples from a reduced copy, then the fit beside them
+            needed = max(peak() + _RGB_BYTES * side * side,
+                         _sampling_bytes(image.size, side, square) + opened.kept)
+        if side:  # the samples' statistics (describe), once the decode is let go
+            needed = max(needed, _describe_bytes(side) + opened.kept)
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt data
         raise _corrupt(image.format, exc) from None
     return opened, needed, source_size
+
+
+def _sampling_bytes(size: tuple[int, int], side: int, square: bool) -> int:
+    """What taking the samples of a decoded RGB picture of ``size`` holds at its peak: the
+    picture, its reduced copy, and the resize from that (see :func:`_fit_bytes`)."""
+    factor = sample_reduction(size, side)
+    width, height = size
+    reduced = (-(-width // factor), -(-height // factor)) if factor > 1 else size
+    copy = reduced[0] * reduced[1] if factor > 1 else 0
+    resize, _ = _fit_bytes(*reduced, side, square, reduced, (side, side))
+    return _RGB_BYTES * (width * height + copy) + resize
+
+
+def _describe_bytes(side: int) -> int:
+    """What :func:`.samples.describe` holds at its peak for samples of ``side``: the samples
+    and their YCbCr copy (4 bytes a pixel each), the luma as bytes and its squares (3), and
+    the half-size copy as floats (a quarter of 12 bytes)."""
+    return (4 + 4 + 3 + 3) * side * side
+
+
+def _centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """The box of the centre square of a picture of ``size``."""
+    width, height = size
+    side = min(width, height)
+    left, top = (width - side) // 2, (height - side) // 2
+    return left, top, left + side, top + side
+
+
+def fitted_size(source_size: tuple[int, int], size: int, square: bool = False) -> tuple[int, int]:
+    """The size of the fitted image :func:`decode_upload` makes of an upload whose
+    ``source_size`` (a DecodedUpload's or SampledUpload's) it gives, without a decode."""
+    width, height = source_size
+    if square:
+        width = height = min(width, height)
+    return output_size(width, height, size)
 
 
 def jpeg_tables(image: Image.Image) -> int:
@@ -676,9 +789,7 @@ def fit(image: Image.Image, size: int, square: bool = False,
     width, height = image.size
     box = (0, 0, width, height)
     if square:
-        side = min(width, height)
-        left, top = (width - side) // 2, (height - side) // 2
-        box = (left, top, left + side, top + side)
+        box = _centre_square(image.size)
         full_width = full_height = min(full_width, full_height)
     target = output_size(full_width, full_height, size)
     if target == (box[2] - box[0], box[3] - box[1]):

@@ -4,12 +4,19 @@ Run as ``python -m flask_animegan.inputs.helper``; it imports Pillow and NumPy o
 It reads requests from stdin and writes answers to stdout, one at a time:
 
 * request: ``>II`` (header length, data length), a JSON header
-  (``size``, ``square``, ``limits``, ``memory``), then the file's bytes;
-* answer: ``>II`` (header length, payload length), a JSON header, then the RGB pixels
-  of the fitted image. The header is ``ok: true``, the image's ``width`` and ``height``,
-  and every other field of :class:`~flask_animegan.inputs.decoding.DecodedUpload`
-  (:func:`answer_of` and :func:`upload_of` are the two ends); or ``ok: false`` with
-  ``error`` (the exception's class name) and ``message``.
+  (``size``, ``square``, ``limits``, ``memory``, and ``sample``: true for what the cache
+  compares), then the file's bytes;
+* answer: ``>II`` (header length, payload length), a JSON header, then RGB pixels.
+  Without ``side``: the fitted image's; the header is ``ok: true``, its ``width`` and
+  ``height``, and every other field of
+  :class:`~flask_animegan.inputs.decoding.DecodedUpload` (:func:`answer_of` and
+  :func:`upload_of` are the two ends). With ``sample``
+  (:func:`~flask_animegan.inputs.decoding.sample_upload`): the statistics
+  (:meth:`.samples.Samples.to_bytes`), then the pixels of the fitted image if there is one
+  (``width`` and ``height`` 0 if not), and the other fields of
+  :class:`~flask_animegan.inputs.decoding.SampledUpload` (:func:`answer_of_sampled`
+  and :func:`sampled_of`). Or ``ok: false`` with ``error`` (the exception's class name)
+  and ``message``.
 
 Each decode runs under an address-space limit of ``memory`` bytes above what the
 process already uses, so a file that needs more fails here, not in the server. The
@@ -26,10 +33,13 @@ from typing import Any, BinaryIO
 from PIL import Image
 
 from ..errors import BadImage, ConversionError, ImageTooLarge
-from .decoding import DecodedUpload, DecodeLimits, decode_upload
+from .decoding import DecodedUpload, DecodeLimits, SampledUpload, decode_upload, sample_upload
+from .samples import BYTES as STATISTICS_BYTES
+from .samples import Samples
 from .helper_process import FRAME, address_space_limit, read_exact, serve, write_answer
 
-__all__ = ["FRAME", "MODULE", "NICENESS", "answer_of", "read_exact", "upload_of"]
+__all__ = ["FRAME", "MODULE", "NICENESS", "answer_of", "answer_of_sampled", "read_exact",
+           "sampled_of", "upload_of"]
 
 #: What :class:`~.helper_process.HelperProcess` runs for photos.
 MODULE = "flask_animegan.inputs.helper"
@@ -56,16 +66,39 @@ def upload_of(header: dict[str, Any], pixels: bytes) -> DecodedUpload:
     return DecodedUpload(image=image, **values)
 
 
+def answer_of_sampled(sampled: SampledUpload) -> tuple[dict[str, Any], bytes]:
+    """A successful ``sample`` request as the helper sends it: the JSON header, then the
+    statistics and the fitted image's pixels, if any."""
+    fitted = sampled.fitted
+    header = {"ok": True, "width": fitted.image.width if fitted else 0,
+              "height": fitted.image.height if fitted else 0}
+    header.update({name: getattr(sampled, name) for name in _FIELDS})
+    statistics = sampled.samples.to_bytes()
+    return header, statistics + fitted.image.tobytes() if fitted else statistics
+
+
+def sampled_of(header: dict[str, Any], pixels: bytes) -> SampledUpload:
+    """The SampledUpload a successful ``sample`` answer carries."""
+    samples = Samples.from_bytes(pixels[:STATISTICS_BYTES])
+    fitted = upload_of(header, pixels[STATISTICS_BYTES:]) if header["width"] else None
+    values = {name: getattr(fitted, name) if fitted else header[name] for name in _FIELDS}
+    if fitted is None:
+        values.update({name: tuple(value) for name, value in values.items()
+                       if isinstance(value, list)})
+    return SampledUpload(samples, fitted=fitted, **values)
+
+
 def _decode(request: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes]:
     try:
         with address_space_limit(int(request["memory"])), warnings.catch_warnings():
             # Pillow's complaints about hostile files ("Corrupt EXIF data", ...)
             # would fill the server's log; the bomb warning stays an error.
             warnings.simplefilter("ignore", UserWarning)
-            decoded = decode_upload(data, DecodeLimits(**request["limits"]),
-                                    size=int(request["size"]),
-                                    square=bool(request["square"]))
-            answer = answer_of(decoded)
+            limits = DecodeLimits(**request["limits"])
+            size, square = int(request["size"]), bool(request["square"])
+            answer = (answer_of_sampled(sample_upload(data, limits, size=size, square=square))
+                      if request.get("sample") else
+                      answer_of(decode_upload(data, limits, size=size, square=square)))
     except ConversionError as exc:
         return {"ok": False, "error": exc.__class__.__name__, "message": str(exc)}, b""
     except MemoryError:

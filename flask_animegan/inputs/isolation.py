@@ -34,8 +34,9 @@ from ..errors import (
     UnsupportedImage,
 )
 from . import decoding
-from .decoding import DecodedUpload, DecodeLimits
-from .helper import MODULE, upload_of
+from .decoding import DecodedUpload, DecodeLimits, SampledUpload
+from .helper import MODULE, sampled_of, upload_of
+from .samples import BYTES as STATISTICS_BYTES
 from .helper_process import STARVED_SHARE, HelperPool
 
 __all__ = ["STARVED_SHARE", "DecodeGate", "Decoder", "HelperPool", "shared_gate"]
@@ -132,13 +133,25 @@ class Decoder:
         with self.gate.slot(self.max_queue, self.queue_timeout):
             if self.isolation == "thread":
                 return decoding.decode_upload(data, self.limits, size=size, square=square)
-            return self._decode_in_helper(data, size, square)
+            return upload_of(*self._in_helper(data, size, square, sample=False))
 
-    def _decode_in_helper(self, data: bytes, size: int, square: bool) -> DecodedUpload:
-        header = {"size": size, "square": square, "limits": asdict(self.limits),
+    def sample(self, data: bytes, *, size: int, square: bool = False) -> SampledUpload:
+        """The upload as the cache compares it (:func:`.decoding.sample_upload`): its
+        statistics and, unless a JPEG, its image fitted to ``size``; raises
+        ConversionError."""
+        with self.gate.slot(self.max_queue, self.queue_timeout):
+            if self.isolation == "thread":
+                return decoding.sample_upload(data, self.limits, size=size, square=square)
+            return sampled_of(*self._in_helper(data, size, square, sample=True))
+
+    def _in_helper(self, data: bytes, size: int, square: bool, *,
+                   sample: bool) -> tuple[dict[str, Any], bytes]:
+        header = {"size": size, "square": square, "sample": sample,
+                  "limits": asdict(self.limits),
                   # the decode's peak (max_bytes counts every copy), the answer's bytes
                   # and the allocator's and interpreter's slack
-                  "memory": self.limits.max_bytes + 3 * size * size + (64 << 20)}
+                  "memory": self.limits.max_bytes + 3 * size * size + STATISTICS_BYTES
+                  + (64 << 20)}
         for attempt in (1, 2):
             helper = self.pool.take()
             cpu_before = helper.cpu_seconds()
@@ -167,7 +180,7 @@ class Decoder:
             break
         if not answer["ok"]:
             raise _ERRORS.get(answer["error"], BadImage)(answer["message"])
-        return upload_of(answer, pixels)
+        return answer, pixels
 
     def status(self) -> dict[str, Any]:
         return {"isolation": self.isolation, "slots": self.gate.slots,

@@ -1,4 +1,5 @@
-"""The Lanczos resize behind every fit, in two horizontal bands on two threads.
+"""The Lanczos resize behind every fit (and the cache's samples), in two horizontal bands
+on two threads.
 
 Pillow lets go of the GIL while it resamples, so a picture fitted while another core is
 idle (a lone request, or the only decode of the moment) takes about half the time: a
@@ -55,19 +56,20 @@ def band_bytes(box_size: tuple[float, float], target: tuple[int, int],
     return pixel_bytes * width * (2 * window + height)
 
 
-def resize(image: Image.Image, target: tuple[int, int], box: Box | None = None) -> Image.Image:
-    """``image`` (its ``box``, by default all of it) resized to ``target`` with Lanczos."""
+def resize(image: Image.Image, target: tuple[int, int], box: Box | None = None,
+           method: Image.Resampling = Image.Resampling.LANCZOS) -> Image.Image:
+    """``image`` (its ``box``, by default all of it) resized to ``target`` with ``method``
+    (Lanczos for every fit)."""
     box = box or (0, 0, image.width, image.height)
     x0, y0, x1, y1 = box
     if not banded((x1 - x0, y1 - y0), target, image.mode):
-        return image.resize(target, Image.Resampling.LANCZOS, box=box,
-                            reducing_gap=REDUCING_GAP)
+        return image.resize(target, method, box=box, reducing_gap=REDUCING_GAP)
     width, height = target
     middle = height // 2
     cut = y0 + (y1 - y0) * middle / height
 
     def band(top: float, bottom: float, rows: int) -> Image.Image:
-        return image.resize((width, rows), Image.Resampling.LANCZOS, box=(x0, top, x1, bottom))
+        return image.resize((width, rows), method, box=(x0, top, x1, bottom))
 
     image.load()  # once, before two threads read it
     upper, bottom = in_halves(lambda: band(y0, cut, middle),
