@@ -74,7 +74,7 @@ def test_with_the_whole_pictures_statistics_tiles_equal_the_untiled_output(seed,
     height, width = size
     pixels = np.asarray(photo("astronaut").resize((width, height)))
     # statistics from the picture itself (stats_side >= its side): only geometry can differ
-    tiled = tiles.run_tiled(network, pixels, tile=64, margin=48, stats_side=512)
+    tiled = tiles.run_tiled(network, pixels, tile=128, margin=48, stats_side=512)
     assert tiled is not None and tiled.shape == (height, width, 3)
     assert np.abs(tiled.astype(int) - whole(network, pixels)).max() <= 1
 
@@ -85,12 +85,12 @@ def test_tiles_normalised_on_their_own_would_differ():
     pixels = np.asarray(photo("coffee").resize((256, 170)))
     reference = whole(network, pixels)
     own = np.zeros_like(reference)
-    for part in tiles.tiles(170, 256, 64, 48):
+    for part in tiles.tiles(170, 256, 128, 48):
         out = whole(network, pixels[part.top:part.bottom, part.left:part.right])
         top, bottom, left, right = part.core
         own[top:bottom, left:right] = out[top - part.top:bottom - part.top,
                                           left - part.left:right - part.left]
-    ours = tiles.run_tiled(network, pixels, tile=64, margin=48)
+    ours = tiles.run_tiled(network, pixels, tile=128, margin=48)
     assert ours is not None
     assert psnr(ours, reference) > psnr(own, reference) + 10
 
