@@ -72,6 +72,30 @@ def test_every_exif_orientation_comes_out_upright(orientation):
     assert quadrant_colours(decoded) == quadrant_colours(upright)
 
 
+@pytest.mark.parametrize("fmt,orientation,square", [("JPEG", n, False) for n in range(1, 9)]
+                         + [("JPEG", 6, True), ("PNG", 6, False), ("PNG", 8, True)])
+def test_the_caches_statistics_are_of_the_upright_picture(orientation, square, fmt):
+    """A photo stored turned with an EXIF orientation has the statistics of the same photo
+    stored upright (reduced by 2 for the samples: a JPEG at its DCT scale), and its fitted
+    size (fitted_size, no fit) is the fit's."""
+    upright = photo("coffee").resize((1300, 1040))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    params = {"quality": 95} if fmt == "JPEG" else {}
+    stored = encode_image(STORED_FOR_ORIENTATION[orientation](upright), fmt,
+                          exif=exif.tobytes(), **params)
+    limits = decoding.DecodeLimits()
+    turned = decoding.sample_upload(stored, limits, size=256, square=square)
+    plain = decoding.sample_upload(encode_image(upright, fmt, **params), limits, size=256,
+                                   square=square)
+    assert turned.source_size == (1300, 1040)
+    assert np.abs(turned.samples.luma.astype(int) - plain.samples.luma).max() <= 2
+    assert np.abs(turned.samples.cells.astype(int) - plain.samples.cells).max() <= 2
+    for size in (64, 1000):
+        assert decoding.fitted_size(turned.source_size, size, square) == decode(
+            stored, size=size, square=square).size
+
+
 def test_orientation_through_the_api(client):
     exif = Image.Exif()
     exif[0x0112] = 6

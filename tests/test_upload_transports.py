@@ -33,6 +33,16 @@ from upload_variants import (
     variants,
 )
 
+from flask_animegan.errors import BadImage, ConversionError
+from flask_animegan.inputs.decoding import (
+    DecodedUpload,
+    DecodeLimits,
+    SampledUpload,
+    decode_upload,
+    fitted_size,
+    sample_upload,
+)
+
 MAX_SIDE = 64
 #: Output size asked for the prefixes and bit flips: hundreds of them decode to an image,
 #: and converting at 16 px costs a fraction of 64 px (the whole files and the specials use
@@ -130,6 +140,36 @@ def test_every_variant_converts_or_is_refused_clearly(storm, group, transport):
     counts, offenders = send_all(storm, variants(group), transport)
     broken = sum(len(found) for found in offenders.values())
     assert broken == 0, summary(group, transport, counts, offenders)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_variant_is_sampled_for_the_cache_or_refused_clearly(group):
+    """The cache's decode (statistics first; a JPEG decoded at its sampling DCT scale and
+    not fitted) of every variant, with the default limits: statistics and the same sizes
+    as the fit's, or a ConversionError with a 4xx status, never another exception; and a
+    file is refused by it exactly when the fitting decode refuses it as corrupt."""
+    limits = DecodeLimits()
+    wrong = []
+    for variant in variants(group):
+        size = MAX_SIDE if variant.cls in ("base", "special") else DERIVED_SIZE
+        outcomes = []
+        for decode in (sample_upload, decode_upload):
+            try:
+                outcomes.append(decode(variant.body, limits, size=size))
+            except ConversionError as exc:
+                outcomes.append(exc)
+            except Exception as exc:  # noqa: BLE001 - the offence this test looks for
+                wrong.append(f"{variant.name}: {decode.__name__} raised {exc!r}"[:200])
+                outcomes.append(None)
+        sampled, fitted = outcomes
+        if isinstance(sampled, ConversionError) and not 400 <= sampled.status < 500:
+            wrong.append(f"{variant.name}: status {sampled.status}")
+        if isinstance(sampled, BadImage) is not isinstance(fitted, BadImage):
+            wrong.append(f"{variant.name}: sampled {sampled!r:.80}, fitted {fitted!r:.80}")
+        if isinstance(sampled, SampledUpload) and isinstance(fitted, DecodedUpload):
+            if fitted_size(sampled.source_size, size) != fitted.image.size:
+                wrong.append(f"{variant.name}: sizes {sampled.source_size}, {fitted.image.size}")
+    assert wrong == [], "\n".join(wrong[:EXAMPLES * 3])
 
 
 def _form_original(client, body: bytes) -> Image.Image:
