@@ -354,7 +354,7 @@ class Settings:
     cache_max_bytes: int = _setting(
         64 * 1024 * 1024, int,
         'Byte budget of the in-memory result cache (least recently used results are evicted '
-        'first); an entry holds its result and an 11 KiB fingerprint of the fitted input, '
+        'first); an entry holds its result and an 11 KiB fingerprint of its input, '
         'never the upload (docs/http-api.md); 0: no cache in memory.',
         low=0, high=64 * GiB)
     phash_size: int = _setting(

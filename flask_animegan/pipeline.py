@@ -1,4 +1,4 @@
-"""One conversion, stage by stage: decode -> fit -> (cache) -> infer -> encode.
+"""One conversion, stage by stage: (cache: sample -> lookup) -> decode -> fit -> infer -> encode.
 
 The service (API and form), the CLI and ``bench/`` all convert through
 :meth:`Pipeline.convert`, so what is measured is what is served.

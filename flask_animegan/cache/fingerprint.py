@@ -27,12 +27,12 @@ move the means of textured cells more than those of flat ones, hence the allowan
 unit of deviation. Two uploads of the same pixel size (a copy saved again, and every edit
 of a photo, which keeps its size) differ only by re-encoding and what was edited, so
 their means get the tight :data:`SAME_SIZE` allowance; a resized copy has another pixel
-size, its samples are resampled from another grid, and it gets :data:`OTHER_SIZE`. Two JPEGs of the same pixel size saved with the same quantization
-tables (an edit, or a copy saved again at the photo's own quality; never a resized copy)
-differ by next to nothing outside what changed, since re-saving a JPEG with its own
-tables hardly moves it: they get :data:`SAME_JPEG_SHARE` of every allowance
-(:func:`allowance_share`), so a faint edit no longer hides in the noise that a copy at
-another quality makes. bench/cache_rule.py chose every number here (its figures are in
+size, its samples are resampled from another grid, and it gets :data:`OTHER_SIZE`. Two
+JPEGs of the same pixel size saved with the same quantization tables (an edit, or a copy
+saved again at the photo's own quality; never a resized copy) differ by next to nothing
+outside what changed, since re-saving a JPEG with its own tables hardly moves it: they
+get :data:`SAME_JPEG_SHARE` of every allowance (:func:`allowance_share`), so a faint edit
+no longer hides in the noise that a copy at another quality makes. bench/cache_rule.py chose every number here (its figures are in
 docs/http-api.md); change them only with it. The cost: an edit that moves no cell by more
 than that, i.e. one no stronger than what JPEG or a 5 % resize does to the picture (a blur
 of a flat sky, a faint mosaic over 1 % of a picture), may share a result.
@@ -57,11 +57,11 @@ class Allowance:
 
 
 #: Two uploads of the same pixel size: re-encoding (or an edit) alone between them.
-SAME_SIZE = Allowance(mean_levels=2.5, mean_per_deviation=0.125, colour_levels=5.0)
+SAME_SIZE = Allowance(mean_levels=2.0, mean_per_deviation=0.1, colour_levels=4.0)
 #: Uploads of different pixel sizes: a resized copy.
 OTHER_SIZE = Allowance(mean_levels=3.75, mean_per_deviation=0.1875, colour_levels=5.0)
-DETAIL_SHARE = 0.625
-DETAIL_LEVELS = 6.25
+DETAIL_SHARE = 0.5
+DETAIL_LEVELS = 5.0
 ASPECT_TOLERANCE = 0.02  # relative; a crop of a photo is a different photo
 #: The share of every allowance for two JPEGs of the same pixel size and quantization tables.
 SAME_JPEG_SHARE = 0.55
@@ -70,10 +70,11 @@ GRID_BYTES = FINE_SIDE * FINE_SIDE * 2 + COARSE_SIDE * COARSE_SIDE * 3
 
 @dataclass(frozen=True)
 class Fingerprint:
-    """A fitted input as the cache compares it: phash, fitted size and the two cell grids."""
+    """An upload as the cache compares it: phash, fitted size, own size, JPEG tables and
+    the two cell grids."""
 
     phash: int
-    size: tuple[int, int]  # the fitted input's width and height
+    size: tuple[int, int]  # the width and height it is fitted to for the network
     luma: np.ndarray  # LUMA_SHAPE uint8
     cells: np.ndarray  # CELLS_SHAPE uint8
     source: tuple[int, int] = (0, 0)  # the upload's own width and height; (0, 0): unknown

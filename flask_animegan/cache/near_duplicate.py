@@ -4,7 +4,7 @@
 docs/http-api.md), checked against what each entry keeps of its input: a
 :class:`~flask_animegan.cache.fingerprint.Fingerprint` of a few KiB and a keyed digest of
 the upload's bytes, never the upload or its pixels. The digest is a shortcut the rule
-already allows: the same bytes decode to the same fitted input, whose fingerprint is
+already allows: the same bytes decode to the same statistics, whose fingerprint is
 always the same photo as itself, so an upload sent again is answered from the index
 before it is decoded at all (:meth:`Lookup.same_upload`), and only an upload the index
 has not seen pays its decode and fingerprint (:meth:`Lookup.same_photo`).
@@ -19,7 +19,7 @@ so at most ``index_cap`` live entries, and every key has a TTL.
 Layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
 
 - ``index:<namespace digest>``: a list, newest first, of at most ``index_cap`` members;
-  a member is a 66-byte header (magic, creation time, the fitted input's width and
+  a member is a 66-byte header (magic, creation time, the fitted width and
   height, the upload's width and height and JPEG tables' digest, phash length, entry id, upload
   digest), the phash (32 bytes at hash_size 16) and the two cell grids (11,264 bytes):
   11,362 bytes.
