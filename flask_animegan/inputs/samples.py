@@ -1,13 +1,14 @@
 """What the cache compares of an upload, computed where the upload is decoded.
 
 The picture (upright; its centre square for a face style) is reduced by a power of two
-(:func:`sample_reduction`; a JPEG by its DCT scaling, as it is decoded), then resampled with a
-triangle (bilinear) filter to ``SAMPLE_SIDE`` x ``SAMPLE_SIDE`` samples
+(:func:`sample_reduction`; a JPEG by its DCT scaling, as it is decoded), then resampled
+with a triangle (bilinear) filter to ``SAMPLE_SIDE`` x ``SAMPLE_SIDE`` samples
 (:func:`resampled`), whatever its size and shape, so that uploads of slightly different
 sizes (a resized copy) are cut at the same places and smoothed alike. (The triangle
-filter, against Lanczos: held-out re-encodes hit 97.9 % against 96.7 %, with no visible
-edit either way, and it takes half the time; ``bench/cache_rule.py``.) Of those samples,
-in YCbCr, :func:`describe` keeps (:class:`Samples`, 75 KiB):
+filter, against Lanczos, on ``bench/cache_rule.py``'s trials with every tolerance 1.25
+times: held-out re-encodes hit 97.9 % against 96.7 %, with no visible edit either way,
+in half the time; docs/http-api.md.) Of those samples, in YCbCr, :func:`describe` keeps
+(:class:`Samples`, 75 KiB):
 
 * ``luma``: on a ``FINE_SIDE`` x ``FINE_SIDE`` grid, each cell's mean luma (Y) and its
   standard deviation, over its ``CELL_SAMPLES`` x ``CELL_SAMPLES`` samples;
@@ -20,7 +21,7 @@ in YCbCr, :func:`describe` keeps (:class:`Samples`, 75 KiB):
 The helper process (:mod:`.helper`) sends these back instead of the samples themselves
 (786 KB): a cache hit then moves 75 KB between the processes and leaves the server's
 worker only the phash to compute. The rule that compares two of them is the cache's
-(:mod:`flask_animegan.cache.fingerprint`), and so are the grids' sizes in its index.
+(:mod:`flask_animegan.cache.fingerprint`), which keeps the two grids in its index.
 """
 
 from __future__ import annotations
