@@ -3,8 +3,9 @@
 A :class:`Fingerprint` of an upload is its perceptual hash (the candidate key), the size
 it is fitted to for the network, its own size in pixels and how it was compressed (a
 JPEG's tables), and the two grids of :mod:`flask_animegan.inputs.samples`, rounded to
-whole levels (uint8, 11,264 bytes): statistics of the upright picture resampled with
-Lanczos to 512 x 512 samples, which the decode helper computes and sends back:
+whole levels (uint8, 11,264 bytes): statistics of the upright picture reduced by a power
+of two and resampled (triangle filter) to 512 x 512 samples, which the decode helper
+computes and sends back:
 
 * ``luma``: on a 64 x 64 grid, each cell's mean luma (Y) and its standard deviation;
 * ``cells``: on a 32 x 32 grid, each cell's mean Cb and Cr and its detail, the mean

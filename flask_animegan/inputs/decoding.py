@@ -476,12 +476,13 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
 def sample_upload(data: bytes, limits: DecodeLimits, *, size: int,
                   square: bool = False) -> SampledUpload:
     """Decode an upload as the cache compares it (:class:`SampledUpload`): the statistics
-    (:mod:`.samples`) of the upright picture (its centre square if ``square``) resampled
-    with Lanczos to SAMPLE_SIDE x SAMPLE_SIDE, whatever the output's ``size``.
+    (:mod:`.samples`) of the upright picture (its centre square if ``square``) reduced by
+    :func:`.samples.sample_reduction` and resampled to SAMPLE_SIDE x SAMPLE_SIDE, whatever
+    the output's ``size``.
 
-    A JPEG is decoded at the smallest DCT scale that keeps both sides at least SAMPLE_SIDE,
-    and not fitted: a cache hit needs no fit, and on a miss a second decode of a JPEG
-    costs less than the fit would on every hit. Any other format is also fitted to
+    A JPEG is reduced by its DCT scaling as it is decoded, and not fitted: a cache hit
+    needs no fit, and on a miss a second decode of a JPEG costs less than the fit would
+    on every hit. Any other format is also fitted to
     ``size`` from the same decode (its ``fitted``), since decoding it again would cost
     more. Raises as :func:`decode_upload`.
     """

@@ -7,7 +7,7 @@ It reads requests from stdin and writes answers to stdout, one at a time:
   (``size``, ``square``, ``limits``, ``memory``, and ``sample``: true for what the cache
   compares), then the file's bytes;
 * answer: ``>II`` (header length, payload length), a JSON header, then RGB pixels.
-  Without ``side``: the fitted image's; the header is ``ok: true``, its ``width`` and
+  Without ``sample``: the fitted image's; the header is ``ok: true``, its ``width`` and
   ``height``, and every other field of
   :class:`~flask_animegan.inputs.decoding.DecodedUpload` (:func:`answer_of` and
   :func:`upload_of` are the two ends). With ``sample``

@@ -1,5 +1,5 @@
-"""The Lanczos resize behind every fit (and the cache's samples), in two horizontal bands
-on two threads.
+"""The resize behind every fit (Lanczos) and the cache's samples (triangle filter), in two
+horizontal bands on two threads.
 
 Pillow lets go of the GIL while it resamples, so a picture fitted while another core is
 idle (a lone request, or the only decode of the moment) takes about half the time: a
