@@ -32,7 +32,7 @@ import skimage.data
 from PIL import Image
 from skimage import color
 
-from flask_animegan.inputs.colors import COLOR_MODES, brightness, keep_colors
+from flask_animegan.convert.colors import COLOR_MODES, brightness, keep_colors
 from flask_animegan.inputs.decoding import fit
 from flask_animegan.runtime.backends import to_pixels
 from flask_animegan.runtime.backends.torch import TorchRunner
@@ -115,7 +115,7 @@ def _time(call: Any, runs: int) -> float:
 _PEAK_SCRIPT = """
 import json, sys, numpy as np
 from PIL import Image
-from flask_animegan.inputs.colors import keep_colors
+from flask_animegan.convert.colors import keep_colors
 side, mode = int(sys.argv[1]), sys.argv[2]
 rng = np.random.default_rng(0)
 result = Image.fromarray(rng.integers(0, 256, (side, side, 3), np.uint8))

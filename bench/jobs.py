@@ -279,11 +279,11 @@ def stills(data: bytes) -> list[bytes]:
 
 
 def photo_path(service: Any, photos: list[bytes], size: int) -> float:
-    """Seconds for ``Pipeline.convert`` of every still, one after the other."""
-    style = service.engine.style(None)
+    """Seconds for ``Converter.photo`` of every still, one after the other."""
+    request = service.parse({"size": size, "format": "jpeg"})
     started = time.perf_counter()
     for data in photos:
-        service.pipeline.convert(data, style, size, "jpeg")
+        service.converter.photo(data, request)
     return time.perf_counter() - started
 
 
@@ -368,12 +368,12 @@ def measure(models_dir: Path, style: str, *, quick: bool, backend: str = "torch"
         for _ in range(plan.rounds):  # in turns, as above
             seconds, record = run_job(service, clip, plan.size)
             with_s.append(seconds)
-            service.jobs.reuse_repeats = False
+            service.converter.reuse_repeats = False
             try:
                 seconds, plain = run_job(service, clip, plan.size)
                 without_s.append(seconds)
             finally:
-                service.jobs.reuse_repeats = True
+                service.converter.reuse_repeats = True
         with_reuse, without = min(with_s), min(without_s)
         converted = record.frames_done - record.frames_reused
         results["saving"] = {

@@ -13,34 +13,35 @@ from PIL import Image
 from flask_animegan.config import Settings
 from flask_animegan.inputs import formats
 from flask_animegan.inputs.isolation import Decoder
-from flask_animegan.pipeline import Pipeline
+from flask_animegan.convert.converter import Converter
+from flask_animegan.convert.request import ConvertRequest
 from flask_animegan.runtime.engine import InferenceEngine
 
 from .timing import median, time_runs
 
-#: The pipeline's own stages (flask_animegan.pipeline): decode includes the fit to the
+#: The converter's own stages (flask_animegan.convert.converter): decode includes the fit to the
 #: output size, and the inference includes the tensor conversions.
 STAGES = ("decode", "inference", "encode")
 ENCODE_FORMATS = ("jpeg", "webp", "png")
 
 
 def make_pipeline(models_dir: Path, style: str, precision: str,
-                  backend: str = "torch") -> Pipeline:
+                  backend: str = "torch") -> Converter:
     """The service's pipeline without a cache, decoding in helper processes as served."""
     settings = Settings(default_style=style, precision=precision, backend=backend)
     engine = InferenceEngine.from_settings(models_dir, settings)
     engine.prepare(0)  # as the service's warm-up does: INT8 is settled there
     decoder = Decoder.from_settings(settings)
     decoder.start()
-    return Pipeline(decoder, engine, quality=settings.jpeg_quality)
+    return Converter(decoder, engine, quality=settings.jpeg_quality)
 
 
-def pipeline_once(pipeline: Pipeline, data: bytes, size: int) -> tuple[dict[str, float], Any, bytes]:
+def pipeline_once(pipeline: Converter, data: bytes, size: int) -> tuple[dict[str, float], Any, bytes]:
     """Convert ``data`` once as the service does; return ms per stage (and ``model``: the
     network's own call inside that conversion), the result image, the file."""
     style = pipeline.engine.style(None)
     model_ms = _time_forward(pipeline.engine)
-    conversion = pipeline.convert(data, style, size, "jpeg")
+    conversion = pipeline.photo(data, ConvertRequest(style, size, "jpeg"))
     ms = {"decode": conversion.timings["decode"], "inference": conversion.timings["infer"],
           "encode": conversion.timings["encode"], "model": sum(model_ms)}
     result = Image.open(io.BytesIO(conversion.data)).convert("RGB")

@@ -12,6 +12,7 @@ from flask import Flask
 
 from .cache import NearDuplicateCache, ResultStore
 from .cache.storage import open_storage
+from .convert.converter import Converter, PortraitLimits
 from .config import DEFAULTS, AnimeGANOptions, Settings, unknown_keys
 from .inputs.isolation import Decoder
 from .jobs.queues import open_queue
@@ -20,6 +21,7 @@ from .jobs.work import Jobs, run_job
 from .metrics import Metrics
 from .process import configure_process
 from .runtime.catalog import STYLE_NAME, known_styles
+from .runtime import tiles
 from .runtime.engine import InferenceEngine
 from .service import AnimeGANService, get_service
 from .web import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
@@ -168,11 +170,17 @@ class AnimeGAN:
                 f"run `flask animegan pull {scene}`, put {scene}.pt into {engine.models_dir}, "
                 "or unset it to paint the scene with the default style")
         decoder = Decoder.from_settings(settings)
-        cache, results = self._stores(settings, app.config.get("SECRET_KEY"))
         secret = app.config.get("SECRET_KEY")
-        jobs = Jobs(settings, self._job_store(settings, secret), job_queue, engine,
-                    decoder.limits)
-        service = AnimeGANService(settings, engine, decoder, cache, results,
+        cache, results = self._stores(settings, secret)
+        converter = Converter(
+            decoder, engine, quality=settings.jpeg_quality, cache=cache,
+            # at most STATS_SIDE, the tiles' first pass would run the picture whole
+            tile_above=max(settings.max_side, tiles.STATS_SIDE),
+            portrait=PortraitLimits(settings.portrait_scene_style, settings.portrait_min_face,
+                                    settings.portrait_max_faces))
+        jobs = Jobs(settings, self._job_store(settings, secret), job_queue, converter,
+                    convert_url=f"{settings.url_prefix.rstrip('/')}/convert")
+        service = AnimeGANService(settings, engine, converter, cache, results,
                                   partial(ratelimit.counting_limiter, app.extensions, own),
                                   own, metrics, jobs)
         app.extensions[EXTENSION_KEY] = service

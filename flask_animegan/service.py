@@ -17,24 +17,22 @@ from PIL import Image
 
 from .cache import NearDuplicateCache, ResultStore
 from .config import OUTPUT_FORMATS, Settings
-from .errors import BadParameter, ConversionError, Overloaded
+from .errors import ConversionError, Overloaded
 from .inputs.decoding import fit
 from .inputs.formats import encode
 from .inputs.isolation import Decoder
 from .jobs.work import Jobs
 from .metrics import Metrics
-from .inputs.colors import COLOR_MODES
-from .pipeline import PORTRAIT_MODES, Conversion, Options, PortraitSettings, Pipeline
-from .runtime import tiles
+from .convert.converter import Conversion, Converter
+from .convert.request import ConvertRequest, Sizes, parse_request
 from .runtime.admission import Admission
-from .runtime.engine import MIN_SIDE, InferenceEngine
+from .runtime.engine import InferenceEngine
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
 __all__ = ["AnimeGANService", "Conversion", "admitted_at_once", "get_service", "warm_up_all"]
 
-FORMAT_ALIASES = {"jpg": "jpeg"}
 #: The photo the style picker's samples are made from (NASA's public-domain portrait of
 #: Eileen Collins, as shipped in scikit-image's ``data.astronaut``).
 SAMPLE_PHOTO = Path(__file__).resolve().parent / "static" / "sample-photo.jpg"
@@ -57,26 +55,24 @@ class AnimeGANService:
     conversions (the host app's, else ``own_limiter``, the one the extension made).
     """
 
-    def __init__(self, settings: Settings, engine: InferenceEngine,
-                 decoder: Decoder, cache: NearDuplicateCache, results: ResultStore,
+    def __init__(self, settings: Settings, engine: InferenceEngine, converter: Converter,
+                 cache: NearDuplicateCache, results: ResultStore,
                  counting_limiter: Callable[[], Limiter], own_limiter: Limiter | None,
                  metrics: Metrics | None = None, jobs: Jobs | None = None) -> None:
         self.settings = settings
         self.engine = engine
-        self.decoder = decoder
+        self.converter = converter
+        self.decoder = converter.decoder
         self.cache = cache
         self.results = results
         self.metrics = metrics
         #: animations and videos as jobs (jobs/work.py), on RQ or the in-process queue;
         #: None for a service made without them
         self.jobs = jobs
-        self.pipeline = Pipeline(decoder, engine, quality=settings.jpeg_quality, cache=cache,
-                                 # at most STATS_SIDE, the tiles' first pass would
-                                 # run the picture whole: tiles would save no memory
-                                 tile_above=max(settings.max_side, tiles.STATS_SIDE),
-                                 portrait=PortraitSettings(settings.portrait_scene_style,
-                                                           settings.portrait_min_face,
-                                                           settings.portrait_max_faces))
+        #: the sizes and format a request may ask for
+        self.sizes = Sizes(default=settings.max_side,
+                           photo=settings.max_output_side or settings.max_side,
+                           media=settings.max_side, default_format=settings.output_format)
         #: the web conversions in the app at once, at every stage: one running and
         #: ANIMEGAN_MAX_QUEUE more (runtime/admission.py); the CLI and convert() skip it
         self.admission = Admission(1 + settings.max_queue, engine.gate.retry_after)
@@ -99,7 +95,7 @@ class AnimeGANService:
     def max_output_side(self) -> int:
         """The largest size a photo may ask for (ANIMEGAN_MAX_OUTPUT_SIDE, unset: MAX_SIDE);
         sizes above ANIMEGAN_MAX_SIDE run in tiles."""
-        return self.settings.max_output_side or self.settings.max_side
+        return self.sizes.photo
 
     @property
     def max_upload_bytes(self) -> int:
@@ -164,66 +160,36 @@ class AnimeGANService:
                 self.make_samples()
             self.warmed_up = True
 
-    # -- parameters ----------------------------------------------------------------
-    def parse_size(self, raw: Any, largest: int | None = None) -> int:
-        """A requested output size (long side), defaulting to ANIMEGAN_MAX_SIDE, at most
-        ``largest`` (None: ANIMEGAN_MAX_SIDE, as for animations and videos; photos pass
-        :attr:`max_output_side`)."""
-        if raw is None or raw == "":
-            return self.max_side
-        largest = largest or self.max_side
-        text = str(raw).strip(PARAMETER_SPACE)
-        # ASCII digits only: int() also reads "٦٤", "６４" and "1_6"
-        size = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else -1
-        if not MIN_SIDE <= size <= largest:
-            raise BadParameter(f"size must be a whole number of pixels from {MIN_SIDE} to "
-                               f"{largest}, got {str(raw)[:20]!r}")
-        return size
-
-    def parse_format(self, raw: Any) -> str:
-        if raw is None or raw == "":
-            return self.output_format
-        word = parameter_word(raw)
-        fmt = FORMAT_ALIASES.get(word, word)
-        if fmt not in OUTPUT_FORMATS:
-            raise BadParameter(f"format must be one of {', '.join(OUTPUT_FORMATS)}, "
-                               f"got {str(raw)[:20]!r}")
-        return fmt
-
-    def parse_options(self, colors: Any = None, portrait: Any = None) -> Options:
-        """The ``colors`` (off, luma, keep) and ``portrait`` (auto, on, off, faces) options;
-        unset or empty: off and auto."""
-        return Options(colors=_choice("colors", colors, COLOR_MODES, "off"),
-                       portrait=_choice("portrait", portrait, PORTRAIT_MODES, "auto"))
-
     # -- converting ----------------------------------------------------------------
+    def parse(self, params: Any, media: bool = False) -> ConvertRequest:
+        """The request ``params`` ask for (a mapping of strings), checked before any
+        decode: the views, the job door, the CLI all read requests through this."""
+        return parse_request(params, self.engine, self.sizes, media=media)
+
     def convert(self, image: Image.Image, style: str | None = None,
                 size: int | None = None, colors: str | None = None,
                 portrait: str | None = None) -> Image.Image:
         """Convert a PIL image (any mode) with ``style`` at long side ``size``, with the
         options ``colors`` (off, luma, keep) and ``portrait`` (auto, on, off, faces); no
         cache."""
-        chosen = self.engine.style(style)
-        options = self.parse_options(colors, portrait)
+        request = self.parse({"style": style, "size": size, "colors": colors,
+                              "portrait": portrait})
         self._ready()
-        return self.pipeline.convert_image(image, chosen,
-                                           self.parse_size(size, self.max_output_side), options)
+        return self.converter.image(image, request)
 
-    def convert_upload(self, data: bytes, style: str | None = None, size: Any = None,
-                       fmt: Any = None, client: str | None = None, colors: Any = None,
-                       portrait: Any = None) -> Conversion:
+    def convert_upload(self, data: bytes, request: ConvertRequest | None = None,
+                       client: str | None = None, **params: Any) -> Conversion:
         """Decode an uploaded file, convert it (or reuse a cached result), encode it.
 
-        ``client`` is the cache scope key (the rate limit's client key): with
-        ANIMEGAN_CACHE_SCOPE = "client" results are shared only within it.
+        ``request`` is the parsed request (else ``params`` are parsed: style, size, fmt,
+        colors, portrait); ``client`` is the cache scope key (the rate limit's client key).
         """
-        chosen = self.engine.style(style)
-        size = self.parse_size(size, self.max_output_side)
-        fmt = self.parse_format(fmt)
-        options = self.parse_options(colors, portrait)
+        if request is None:
+            params["format"] = params.pop("fmt", None)
+            request = self.parse(params)
         self._ready()
         scope = client if self.settings.cache_scope == "client" else None
-        return self.pipeline.convert(data, chosen, size, fmt, scope=scope, options=options)
+        return self.converter.photo(data, request, scope=scope)
 
     def warm_up_in_background(self) -> threading.Thread:
         """Warm up in a thread of its own while the server already answers: meanwhile
@@ -385,30 +351,6 @@ class AnimeGANService:
                 "problems": problems, "jobs": jobs,
                 "cache": self.cache.stats(), "decoder": self.decoder.status(),
                 "admission": self.admission.status()}
-
-
-#: What a parameter may carry around its value: spaces and tabs only (str.strip() would
-#: also drop \x1c-\x1f, which the OpenAPI document's patterns cannot say the same way).
-PARAMETER_SPACE = " \t"
-
-
-def parameter_word(raw: Any) -> str:
-    """A word parameter (format, colors, portrait, download) as compared with its values:
-    without spaces and tabs around it, in lower case if it is ASCII. (Python's lower()
-    maps the Kelvin sign to "k": "\u212aeep" is no spelling of "keep".) The OpenAPI
-    document's patterns (web/openapi.py) say exactly this."""
-    text = str(raw).strip(PARAMETER_SPACE)
-    return text.lower() if text.isascii() else text
-
-
-def _choice(name: str, raw: Any, choices: tuple[str, ...], default: str) -> str:
-    """A parameter that is one of ``choices`` (any case; unset or empty: ``default``)."""
-    if raw is None or raw == "":
-        return default
-    value = parameter_word(raw)
-    if value not in choices:
-        raise BadParameter(f"{name} must be one of {', '.join(choices)}, got {str(raw)[:20]!r}")
-    return value
 
 
 def get_service() -> AnimeGANService:

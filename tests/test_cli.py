@@ -706,15 +706,15 @@ def test_convert_reports_an_unexpected_error_as_that_files_failure(
     (folder / "coffee.jpg").write_bytes(poison)
     (folder / "rocket.jpg").write_bytes(photo_bytes("rocket"))
     app = make_app()
-    pipeline = app.extensions["animegan"].pipeline
-    real = pipeline.convert
+    converter = app.extensions["animegan"].converter
+    real = converter.photo
 
     def convert(data: bytes, *args: object, **kwargs: object) -> object:
         if data == poison:
             raise KeyError("injected")
         return real(data, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "convert", convert)
+    monkeypatch.setattr(converter, "photo", convert)
     result = invoke(app, "convert", str(folder), "-o", str(out), "--size", str(SIZE))
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output

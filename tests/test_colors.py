@@ -1,4 +1,4 @@
-"""Colour keeping (``flask_animegan.inputs.colors``): the CIELAB conversion against
+"""Colour keeping (``flask_animegan.convert.colors``): the CIELAB conversion against
 scikit-image's, what each mode does to seeded random pictures, the inputs that break naive
 corrections (flat, black, white, one colour, 1x1) through the real generator, the memory of
 a 4096-px ``keep``, and the acceptance on six photos with the shipped ``toon_demo``."""
@@ -15,7 +15,7 @@ from PIL import Image
 from skimage import color
 
 from bench import colors as bench_colors
-from flask_animegan.inputs.colors import (
+from flask_animegan.convert.colors import (
     COLOR_MODES,
     MAX_GAIN,
     MAX_L_SHIFT,

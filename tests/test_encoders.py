@@ -31,6 +31,7 @@ from flask_animegan.inputs.frames_helper import (
 from flask_animegan.inputs.media import MediaLimits, frames, probe
 from flask_animegan.jobs.encoders import (
     AUDIO_OVERRUN_S,
+    AUDIO_TIMEOUT_S,
     MP4_AUDIO_COPIED,
     ApngWriter,
     GifWriter,
@@ -46,10 +47,15 @@ LIMITS, DECODE = MediaLimits(), DecodeLimits()
 DURATIONS = [20, 30, 50, 80, 100, 120, 200, 500, 1000, 70]
 
 
+def _audio(source: bytes, info: Any, audio_timeout: float = AUDIO_TIMEOUT_S) -> Any:
+    """The source's audio as the converter reads it: in the helper, within LIMITS."""
+    return lambda: isolated_audio(source, info, LIMITS, audio_timeout)
+
+
 def rewrite(source: bytes, size: int = 96, quality: int = 90) -> tuple[Any, str, bytes]:
     """``source`` decoded frame by frame and written by its writer: (writer, MIME type, bytes)."""
     info = probe(source, LIMITS, DECODE)
-    writer, mimetype = writer_for(info, source, quality=quality)
+    writer, mimetype = writer_for(info, _audio(source, info), quality=quality)
     for frame in frames(source, info, LIMITS, DECODE, size=size):
         writer.add(frame.image, frame.duration_ms, frame.disposal, pts=frame.pts)
     return writer, mimetype, writer.finish()
@@ -200,8 +206,8 @@ def test_a_still_has_no_frame_writer():
     info = probe(source, LIMITS, DECODE)
     still = probe(_jpeg(), LIMITS, DECODE)
     with pytest.raises(ValueError, match="photo path"):
-        writer_for(still, _jpeg(), quality=90)
-    assert writer_for(info, source, quality=90)[1] == "video/mp4"
+        writer_for(still, None, quality=90)
+    assert writer_for(info, None, quality=90)[1] == "video/mp4"
 
 
 def _jpeg() -> bytes:
@@ -492,7 +498,7 @@ def test_the_writer_never_opens_the_upload(monkeypatch):
 
 def _write(source: bytes, info: Any, frames_in: list[Any],
            **options: Any) -> tuple[Any, str, bytes]:
-    writer, mimetype = writer_for(info, source, quality=90, **options)
+    writer, mimetype = writer_for(info, _audio(source, info, **options), quality=90)
     for frame in frames_in:
         writer.add(frame.image, frame.duration_ms, frame.disposal, pts=frame.pts)
     return writer, mimetype, writer.finish()

@@ -27,7 +27,7 @@ def test_every_non_ascii_spelling_of_64_is_one_int_reads():
 def test_a_size_not_in_ascii_digits_is_refused(app, raw):
     service = app.extensions["animegan"]
     with pytest.raises(Exception, match="size must be a whole number") as caught:
-        service.parse_size(raw)
+        service.parse({"size": raw})
     assert getattr(caught.value, "status", None) == 400
 
 
@@ -42,7 +42,7 @@ def test_the_api_and_form_answer_400_to_such_sizes(client, raw):
 
 @pytest.mark.parametrize("raw", ["64", " 64 ", "064", "0064"])
 def test_ascii_sizes_still_work(app, raw):
-    assert app.extensions["animegan"].parse_size(raw) == 64
+    assert app.extensions["animegan"].parse({"size": raw}).size == 64
 
 
 @pytest.mark.parametrize("host", ["evil.example", "evil.example:8080", "[::1]:1",

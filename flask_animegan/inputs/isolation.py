@@ -33,7 +33,8 @@ from ..errors import (
     Overloaded,
     UnsupportedImage,
 )
-from . import decoding
+from . import decoding, media
+from .media import AudioTrack, Frame, MediaInfo, MediaLimits
 from .decoding import DecodedUpload, DecodeLimits, SampledUpload
 from .helper import MODULE, sampled_of, upload_of
 from .samples import BYTES as STATISTICS_BYTES
@@ -100,10 +101,12 @@ class Decoder:
     """Decodes uploads for one app: the gate, then a helper process or this thread."""
 
     def __init__(self, *, limits: DecodeLimits, isolation: str, timeout: float, slots: int,
-                 max_queue: int, queue_timeout: float) -> None:
+                 max_queue: int, queue_timeout: float,
+                 media: MediaLimits | None = None) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}")
         self.limits = limits
+        self.media = media or MediaLimits()
         self.isolation = isolation
         self.timeout = timeout
         self.gate = shared_gate(slots)
@@ -120,7 +123,7 @@ class Decoder:
                                        max_scans=settings.max_jpeg_scans),
                    isolation=settings.decode_isolation, timeout=settings.decode_timeout,
                    slots=settings.decoders, max_queue=settings.max_queue,
-                   queue_timeout=settings.queue_timeout)
+                   queue_timeout=settings.queue_timeout, media=MediaLimits.from_settings(settings))
 
     def start(self) -> None:
         """Start a helper process now, so that the first upload does not wait for one."""
@@ -143,6 +146,30 @@ class Decoder:
             if self.isolation == "thread":
                 return decoding.sample_upload(data, self.limits, size=size, square=square)
             return sampled_of(*self._in_helper(data, size, square, sample=True))
+
+    def probe(self, data: bytes) -> MediaInfo:
+        """What the upload is (still, animation, video), checked against the media limits."""
+        if self.isolation == "thread":
+            return media.probe(data, self.media, self.limits)
+        from .frames_helper import isolated_probe
+
+        return isolated_probe(data, self.media, self.limits, self.timeout)
+
+    def frames(self, data: bytes, info: MediaInfo, *, size: int, square: bool = False,
+               timeout_total: float | None = None) -> Iterator[Frame]:
+        """The frames of a probed upload, fitted to ``size``, one at a time."""
+        if self.isolation == "thread":
+            return media.frames(data, info, self.media, self.limits, size=size, square=square)
+        from .frames_helper import isolated_frames
+
+        return isolated_frames(data, info, self.media, self.limits, size=size, square=square,
+                               timeout_per_frame=self.timeout, timeout_total=timeout_total)
+
+    def audio(self, data: bytes, info: MediaInfo, timeout: float) -> AudioTrack | None:
+        """The audio track of a probed video, within the media limits (None: none)."""
+        from .frames_helper import isolated_audio
+
+        return isolated_audio(data, info, self.media, timeout)
 
     def _in_helper(self, data: bytes, size: int, square: bool, *,
                    sample: bool) -> tuple[dict[str, Any], bytes]:

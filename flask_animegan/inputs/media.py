@@ -76,7 +76,8 @@ class MediaLimits:
         """The limits of ANIMEGAN_MAX_FRAMES, _MAX_SECONDS, _MAX_FPS and _MAX_FRAME_PIXELS
         (the total: the default, 600 frames of a megapixel)."""
         return cls(max_frames=settings.max_frames, max_seconds=settings.max_seconds,
-                   max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels)
+                   max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels,
+                   max_total_pixels=settings.max_frames * settings.max_frame_pixels)
 
 
 @dataclass(frozen=True)

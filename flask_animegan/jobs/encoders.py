@@ -30,7 +30,7 @@ import logging
 import struct
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from typing import IO, TYPE_CHECKING, Protocol
 
@@ -41,7 +41,7 @@ from PIL import GifImagePlugin, Image
 
 from ..errors import ConversionError
 from ..inputs import formats
-from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack, MediaLimits
+from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack
 
 if TYPE_CHECKING:
     from av.audio.stream import AudioStream
@@ -99,24 +99,20 @@ class FrameWriter(Protocol):
     def close(self) -> None: ...
 
 
-def writer_for(info: MediaInfo, source: bytes, *, quality: int,
-               limits: MediaLimits | None = None,
-               audio_timeout: float = AUDIO_TIMEOUT_S) -> tuple[FrameWriter, str]:
+def writer_for(info: MediaInfo, read_audio: Callable[[], AudioTrack | None] | None, *,
+               quality: int) -> tuple[FrameWriter, str]:
     """The writer for an upload probed as ``info`` and the result's MIME type.
 
-    ``source`` is the upload itself: for a video with audio, the frames helper process makes
-    the audio track of it (:func:`.frames_helper.isolated_audio`, within ``limits`` and
-    ``audio_timeout`` s); a track the helper cannot make (corrupt, too large, too slow) is
-    left out, the video converted without it, and logged (:attr:`Mp4Writer.audio` "dropped").
-    ``quality`` (1-100, as for stills) sets the WebP quality and the MP4's constant rate factor.
+    For a video with audio, ``read_audio`` reads the source's track (the decoder's, within
+    the media limits); a track it cannot read is left out, the video converted without it,
+    and logged (:attr:`Mp4Writer.audio` "dropped"). ``quality`` (1-100, as for stills)
+    sets the WebP quality and the MP4's constant rate factor.
     """
     if info.kind == "video":
         track, error = None, None
-        if info.has_audio:
-            from ..inputs.frames_helper import isolated_audio
-
+        if info.has_audio and read_audio is not None:
             try:
-                track = isolated_audio(source, info, limits or MediaLimits(), audio_timeout)
+                track = read_audio()
                 if track is None:
                     error = "its audio stream holds no packet that could be read"
             except ConversionError as exc:

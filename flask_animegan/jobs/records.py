@@ -71,7 +71,7 @@ class JobRecord:
     kind: str  # "animation" or "video"
     format: str  # the upload's: GIF, WEBP, PNG, MP4, ...
     frames_total: int
-    colors: str = "off"  # the colour option (inputs/colors.py), on every frame
+    colors: str = "off"  # the colour option (convert/colors.py), on every frame
     frames_done: int = 0
     frames_reused: int = 0
     created_at: float = 0.0

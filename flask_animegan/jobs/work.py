@@ -21,23 +21,17 @@ workers on one Redis settle a run once and start a run once.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from flask import current_app
-from PIL import Image
 
 from ..config import Settings
+from ..convert.converter import Converter
+from ..convert.request import ConvertRequest, Options
 from ..errors import ConversionError, Overloaded
-from ..inputs import media
-from ..inputs.colors import keep_colors
-from ..inputs.decoding import DecodeLimits
-from ..inputs.media import Frame, MediaInfo, MediaLimits
-from ..runtime.engine import InferenceEngine
-from . import repeats
+from ..inputs.media import MediaInfo
 from .queues import JobQueue
 from .records import JobRecord, JobState, JobStore
 
@@ -65,17 +59,6 @@ class WorkerStopping(Exception):
     """This process is exiting (:attr:`JobQueue.stopping`): the run stops between frames."""
 
 
-def _encoders() -> Any:
-    """jobs/encoders.py, imported on first use: it needs PyAV (the `jobs` extra), which an
-    app that converts only photos need not install."""
-    try:
-        from . import encoders
-    except ImportError as exc:
-        raise ConversionError("animations and videos need PyAV on this server: pip install "
-                              "'flask-animegan[jobs]'") from exc
-    return encoders
-
-
 def run_job(job_id: str) -> None:
     """Run the job ``job_id`` with the current app's :class:`Jobs` (RQ's entry point)."""
     jobs: Jobs = current_app.extensions["animegan"].jobs
@@ -87,19 +70,14 @@ class Jobs:
     cancelling, and running one (:meth:`run`, in a worker)."""
 
     def __init__(self, settings: Settings, store: JobStore, queue: JobQueue,
-                 engine: InferenceEngine, decode: DecodeLimits) -> None:
+                 converter: Converter, convert_url: str) -> None:
         self.settings = settings
         self.store = store
         self.queue = queue
-        self.engine = engine
-        self.decode = decode
-        #: Reuse the last converted frame's result for a frame that repeats it (the rule of
-        #: jobs/repeats.py); bench/jobs.py turns it off to measure the saving.
-        self.reuse_repeats = True
-        self.limits = MediaLimits(
-            max_frames=settings.max_frames, max_seconds=settings.max_seconds,
-            max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels,
-            max_total_pixels=settings.max_frames * settings.max_frame_pixels)
+        self.converter = converter
+        self.engine = converter.engine
+        #: where a still photo is sent instead (the app's own URL prefix)
+        self.convert_url = convert_url
         queue.sweep_with(self.sweep, self.sweep_every)
 
     @property
@@ -110,13 +88,9 @@ class Jobs:
 
     # -- at the door (the web process) -------------------------------------------------
     def probe(self, data: bytes) -> MediaInfo:
-        """What the upload is, from its headers, checked against the limits (in the decode
-        helper process unless ANIMEGAN_DECODE_ISOLATION=thread); raises ConversionError."""
-        if self.settings.decode_isolation == "thread":
-            return media.probe(data, self.limits, self.decode)
-        from ..inputs.frames_helper import isolated_probe
-
-        return isolated_probe(data, self.limits, self.decode, self.settings.decode_timeout)
+        """What the upload is, from its headers, checked against the media limits; raises
+        ConversionError."""
+        return self.converter.decoder.probe(data)
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
                client: str, colors: str = "off") -> JobRecord:
@@ -254,75 +228,43 @@ class Jobs:
     def _convert(self, record: JobRecord, data: bytes) -> None:
         started = time.monotonic()
         deadline = started + self.settings.job_timeout
-        style = self.engine.style(record.style)
+        request = ConvertRequest(self.engine.style(record.style), record.size, "jpeg",
+                                 Options(colors=record.colors, portrait="off"))
         info = self.probe(data)
         if info.kind == "still":
             raise ConversionError("this is a still photo, not an animation or a video: "
-                                  "send it to POST /animegan/convert")
+                                  f"send it to POST {self.convert_url}")
         record.frames_total = info.frames
         self._report(record, None)  # the frame count and a heartbeat before the first frame
-        encoders = _encoders()
-        writer, mimetype = encoders.writer_for(info, data, quality=self.settings.jpeg_quality)
-        anchor: repeats.Picture | None = None  # the last frame converted
-        converted: Image.Image | None = None
-        first: Image.Image | None = None
         last_report = started
-        frames = self._frames(data, info, record.size, style.face)
-        with contextlib.ExitStack() as cleanup:
-            cleanup.callback(writer.close)  # an abandoned result: its temporary file goes
-            cleanup.callback(getattr(frames, "close", lambda: None))  # the helper, killed
-            for frame in frames:
-                if self.queue.stopping:
-                    raise WorkerStopping
-                if time.monotonic() > deadline:
-                    raise ConversionError(
-                        f"the job took longer than {self.settings.job_timeout} s "
-                        "(ANIMEGAN_JOB_TIMEOUT); send a shorter or smaller file")
-                picture = repeats.Picture.of(frame.image) if self.reuse_repeats else None
-                if picture is not None and converted is not None and repeats.is_repeat(
-                        picture, anchor):
-                    record.frames_reused += 1
-                else:
-                    converted, anchor = self._infer(record, frame, style.name), picture
-                if first is None:
-                    first = converted
-                writer.add(converted, frame.duration_ms, frame.disposal, pts=frame.pts)
-                record.frames_done += 1
-                if time.monotonic() - last_report >= REPORT_EVERY:
-                    self._report(record, started)
-                    last_report = time.monotonic()
-            if first is None:
-                raise ConversionError("the file holds no frame to convert")
-            result = writer.finish()
+
+        def progress(done: int, reused: int) -> None:
+            nonlocal last_report
+            record.frames_done, record.frames_reused = done, reused
+            if self.queue.stopping:
+                raise WorkerStopping
+            if time.monotonic() > deadline:
+                raise ConversionError(
+                    f"the job took longer than {self.settings.job_timeout} s "
+                    "(ANIMEGAN_JOB_TIMEOUT); send a shorter or smaller file")
+            if time.monotonic() - last_report >= REPORT_EVERY:
+                self._report(record, started)
+                last_report = time.monotonic()
+
+        def busy() -> None:  # web conversions fill the gate (local queue): wait our turn
+            if self.queue.stopping:
+                raise WorkerStopping
+            self._report(record, None)
+
+        result = self.converter.media(data, info, request, progress=progress, on_busy=busy,
+                                      timeout_total=float(self.settings.job_timeout))
         self._check_owner(record)
-        if not self.store.put_result(record.id, result,
-                                     encoders.preview(first, self.settings.jpeg_quality)):
+        if not self.store.put_result(record.id, result.data, result.preview):
             raise ConversionError("the result could not be stored (the job store is full "
                                   "or unavailable); try again later")
-        record.result_mimetype = mimetype
+        record.result_mimetype = result.mimetype
         record.frames_total = record.frames_done
         self._finish(record, JobState.DONE, None)
-
-    def _frames(self, data: bytes, info: MediaInfo, size: int, square: bool) -> Iterator[Frame]:
-        if self.settings.decode_isolation == "thread":
-            return media.frames(data, info, self.limits, self.decode, size=size, square=square)
-        from ..inputs.frames_helper import isolated_frames
-
-        return isolated_frames(data, info, self.limits, self.decode, size=size, square=square,
-                               timeout_per_frame=self.settings.decode_timeout,
-                               timeout_total=float(self.settings.job_timeout))
-
-    def _infer(self, record: JobRecord, frame: Frame, style: str) -> Image.Image:
-        """One frame through the network; waits (reporting) while the model is busy."""
-        while True:
-            try:
-                return keep_colors(self.engine.run(frame.image, style), frame.image,
-                                   record.colors)
-            except Overloaded:  # web conversions fill the gate (local queue): wait our turn
-                if self.queue.stopping:
-                    raise WorkerStopping from None
-                self._report(record, None)
-                time.sleep(REPORT_EVERY)
 
     def _report(self, record: JobRecord, started: float | None) -> None:
         """Progress and heartbeat; stops the run when cancelled or taken over."""

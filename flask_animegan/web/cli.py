@@ -5,23 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import click
 import torch
-from flask import current_app
 
 from ..config import OUTPUT_FORMATS
 from ..errors import ConversionError
-from ..inputs.colors import COLOR_MODES
+from ..convert.colors import COLOR_MODES
 from ..inputs.media import MediaInfo
-from ..jobs.records import JobState
 from ..runtime.download import DownloadError, pull_style
 from ..runtime.weights import WeightsError, load_generator, torchscript_quietly
-from ..pipeline import PORTRAIT_MODES
-from ..service import FORMAT_ALIASES, get_service
+from ..convert.request import FORMAT_ALIASES, PORTRAIT_MODES, ConvertRequest
+from ..service import get_service
 from .batch import (
     MOVING_SUFFIXES,
     Refused,
@@ -32,7 +29,7 @@ from .batch import (
     write_output,
 )
 from .blueprint import blueprint
-from .views import moving_upload
+from .uploads import route
 
 cli = blueprint.cli
 cli.help = """Photo-to-anime styles: list, download, convert.
@@ -183,12 +180,12 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
       flask --app example_app animegan convert group.jpg -o anime/ --style face_paint_512_v2 --colors keep
     """
     service = get_service()
+    params = {"style": style, "size": size, "format": fmt, "colors": colors}
     try:
-        chosen = service.engine.style(style).name
-        fmt = service.parse_format(fmt)
-        service.parse_size(size, service.max_output_side)  # animations: MAX_SIDE, per file
+        photo = service.parse({**params, "portrait": portrait})  # animations: per file
     except ConversionError as exc:
         raise click.ClickException(str(exc)) from None
+    chosen, fmt = photo.style.name, photo.format
     entries, unlisted = collect(inputs)
     names = output_names(entries, chosen, fmt)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -216,17 +213,16 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                 report(path, f"refused: {exc}")
                 continue
             try:
-                moving = moving_upload(data)
+                moving = route(data)
                 if moving is not None:
                     name = moving_name(name, fmt, MOVING_SUFFIXES[moving.format])
                     if not overwrite and os.path.lexists(out_dir / name):
                         skipped += 1
                         continue
-                    output = _convert_moving(path, data, moving, chosen, size, line_start,
-                                             colors)
+                    output = _convert_moving(path, data, moving,
+                                             service.parse(params, media=True), line_start)
                 else:
-                    conversion = service.convert_upload(data, chosen, size, fmt,
-                                                        colors=colors, portrait=portrait)
+                    conversion = service.convert_upload(data, photo)
                     output = conversion.data
                     if conversion.faces is not None:
                         report(path, f"{conversion.faces} face(s) found")
@@ -254,56 +250,23 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
         sys.exit(1)
 
 
-#: Seconds between two looks at a file's job while its progress bar is shown.
-_PROGRESS_EVERY = 0.2
-
-
-def _convert_moving(path: Path, data: bytes, info: MediaInfo, style: str, size: int | None,
-                    line_start: str, colors: str = "off") -> bytes:
-    """Convert an animation or a video in this process, as a worker would (the app's
-    ``Jobs.run``: the same frame reuse, limits and writers), with a progress bar of its
-    frames on stderr; the output's bytes. Its record lives in the job storage like any
-    job's, never queued; Ctrl+C cancels it between two frames."""
-    service = get_service()
-    jobs = service.jobs
-    assert jobs is not None, "the extension makes the jobs"
-    record = jobs.store.create(data, client="cli", style=style, size=service.parse_size(size),
-                               kind=info.kind, format=info.format, frames_total=info.frames,
-                               colors=colors)
-    if record is None:
-        raise ConversionError("the job storage refused the file (down or full); check "
-                              "ANIMEGAN_RESULT_STORAGE_URI")
-    app = current_app._get_current_object()  # type: ignore[attr-defined]
-
-    def run() -> None:
-        with app.app_context():
-            jobs.run(record.id)
-
-    worker = threading.Thread(target=run, name=f"animegan-convert-{path.name}", daemon=True)
-    worker.start()
-    shown = 0
+def _convert_moving(path: Path, data: bytes, info: MediaInfo, request: ConvertRequest,
+                    line_start: str) -> bytes:
+    """Convert an animation or a video in this process through the app's converter (the
+    same frame reuse, limits and writers as a job), with a progress bar of its frames on
+    stderr; the output's bytes. No job store is involved; Ctrl+C stops between frames."""
+    converter = get_service().converter
     click.echo(line_start, err=True, nl=False)
     with click.progressbar(length=info.frames, label=f"{path.name} ({info.frames} frames)",
                            file=sys.stderr, show_eta=True, show_pos=True) as bar:
-        try:
-            while worker.is_alive():
-                worker.join(_PROGRESS_EVERY)
-                current = jobs.store.get(record.id)
-                if current is not None and current.frames_done > shown:
-                    bar.update(current.frames_done - shown)
-                    shown = current.frames_done
-        except KeyboardInterrupt:
-            jobs.store.request_cancel(record.id)
-            worker.join()
-            raise
-        ended = jobs.store.get(record.id)
-        if ended is not None and ended.state == JobState.DONE:
-            bar.update(max(0, ended.frames_done - shown))
-    output = jobs.store.get_result(record.id) if ended is not None else None
-    if ended is None or ended.state != JobState.DONE or output is None:
-        raise ConversionError(ended.error if ended is not None and ended.error
-                              else "the conversion stopped without a result")
-    return output
+        shown = 0
+
+        def progress(done: int, reused: int) -> None:
+            nonlocal shown
+            bar.update(done - shown)
+            shown = done
+
+        return converter.media(data, info, request, progress=progress).data
 
 
 @cli.command("export")

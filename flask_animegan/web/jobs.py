@@ -19,7 +19,7 @@ At the door, before anything is stored:
   test that they fit, so a refused job costs one.
 
 An animation or a video sent to ``/convert`` gets 415 with ``jobs_url``; sent with the
-form (``/upload``), it becomes a job and the browser is sent to its page (views.NeedsJob).
+form (``/upload``), it becomes a job and the browser is sent to its page (web/uploads.py routes it).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from ..jobs.queues import FULL_RETRY_AFTER
 from ..jobs.records import JobRecord, JobState
 from ..jobs.work import Jobs
 from ..service import get_service
-from . import csrf, views
+from . import csrf, uploads, views
 from .blueprint import blueprint
 from .clients import CONVERSIONS_SCOPE, client_key
 from .limits import spending
@@ -63,25 +63,10 @@ _NOT_FOUND = "no such job: it has expired or never existed; send the file again"
 _exempted: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-class TooManyJobs(ConversionError):
-    """The client's unfinished jobs are at ANIMEGAN_JOBS_PER_CLIENT, or the job's frames
-    are more conversions than its rate limit has left."""
-
-    status = 429
-
-    def __init__(self, message: str, retry_after: int) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
 class JobNotReady(ConversionError):
     """The job has no result (yet), or has ended and cannot be cancelled."""
 
     status = 409
-
-
-class StillForJob(UnsupportedImage):
-    """A still photo sent to ``POST /jobs``: ``/convert`` converts it at once."""
 
 
 @blueprint.url_value_preprocessor
@@ -93,118 +78,6 @@ def _exempt_api_from_host_csrf(endpoint: str | None, values: dict[str, Any] | No
         protect.exempt(create_job)
         protect.exempt(cancel_job)
         _exempted.add(protect)
-
-
-# -- at the door ---------------------------------------------------------------------
-def _conversions(frames: int) -> int:
-    return max(1, math.ceil(frames / get_service().settings.frames_per_conversion))
-
-
-def _charge_frames(info: MediaInfo) -> None:
-    """Count the job's frames against the conversions' rate limit: ``ceil(frames / N)``
-    conversions, one of which flask-limiter takes after the view (it tested that one
-    before it). Raises TooManyJobs, costing nothing more than that one, when they do not
-    fit in what is left."""
-    service = get_service()
-    cost = _conversions(info.frames)
-    if cost <= 1:
-        return
-    for counted in service.limiter.current_limits:
-        if not (counted.shared and counted.request_args[-1] == CONVERSIONS_SCOPE):
-            continue
-        item, args = counted.limit, counted.request_args
-        try:
-            fits = counted.limiter.test(item, *args, cost=cost)
-            if fits:
-                counted.limiter.hit(item, *args, cost=cost - 1)
-        except Exception:  # a host Limiter's storage failed: as its headers do
-            log.warning("flask_animegan: a job's frames could not be counted against the "
-                        "rate limit", exc_info=True)
-            return
-        if not fits:
-            wait = max(1, int(item.get_expiry()))
-            what = (f"{info.frames} frames count as {cost} conversions "
-                    f"({service.settings.frames_per_conversion} frames each)")
-            if cost > item.amount:
-                raise TooManyJobs(f"this file is too long for the rate limit: its {what}, "
-                                  f"more than the limit of {item}; send a shorter clip",
-                                  wait)
-            raise TooManyJobs(f"too many conversions from your address: this file's {what}"
-                              f" and the limit of {item} has fewer left; try again in "
-                              f"{wait} s", wait)
-
-
-def start_job(data: bytes, params: Any, info: MediaInfo | None = None) -> JobRecord:
-    """Check an upload at the door and queue its job; the new JobRecord.
-
-    ``info`` is the upload's probe when the caller made it already."""
-    service = get_service()
-    style = service.engine.style(params.get("style") or None).name
-    size = service.parse_size(params.get("size"))
-    # checked as /convert checks it; the result keeps the upload's kind (GIF -> GIF,
-    # video -> MP4) and the preview is a JPEG
-    service.parse_format(params.get("format"))
-    options = service.parse_options(params.get("colors"), params.get("portrait"))
-    if options.portrait in ("on", "faces"):
-        raise BadParameter("portrait mode is for photos: a job converts each frame as a "
-                           "whole; leave portrait out (or send portrait=off)")
-    spending()  # the probe and the frames cost CPU: from here on the request counts
-    if info is None:
-        info = views.probe_upload(data)
-    if info.kind == "still":
-        raise StillForJob(
-            "this is a still photo, not an animation or a video: send it to POST "
-            f"{url_for('.convert')}, which converts it at once")
-    jobs = _jobs()
-    client = client_key(service.limiter)
-    unfinished = jobs.unfinished(client)
-    cap = service.settings.jobs_per_client
-    if unfinished >= cap:
-        # the form's user has no DELETE to send: the page can only ask them to wait
-        way = ("" if request.endpoint == "animegan.upload"
-               else ", or cancel one with DELETE on its URL")
-        raise TooManyJobs(f"you already have {unfinished} unfinished jobs (the limit is "
-                          f"{cap}); wait for one to finish{way}", retry_after=5)
-    waiting = jobs.queue.queued_count()
-    if waiting >= service.settings.job_max_queue:
-        # before the frames are counted, so a full queue costs the client no more than
-        # its request (Jobs.submit's enqueue answers the same when it fills meanwhile)
-        raise Overloaded(f"the job queue is full ({waiting} jobs are waiting for a "
-                         f"worker); try again in {FULL_RETRY_AFTER} s", FULL_RETRY_AFTER)
-    _charge_frames(info)
-    record = jobs.submit(data, info, style=style, size=size, client=client,
-                         colors=options.colors)
-    views.log.info("animegan.job %s", json.dumps(
-        {"event": "queued", "kind": info.kind, "format": info.format, "frames": info.frames,
-         "style": style, "size": size}, sort_keys=True))
-    return record
-
-
-@blueprint.errorhandler(views.NeedsJob)
-def _moving_upload(error: views.NeedsJob) -> BaseResponse:
-    """An animation or a video sent to ``/upload`` becomes a job (303 to its page); sent
-    to ``/convert``, the 415 says where to send it (``jobs_url``)."""
-    if request.endpoint == "animegan.upload":
-        try:
-            record = start_job(error.data, error.params, error.info)
-        except ConversionError as refusal:
-            return views._conversion_error(refusal)
-        return redirect(url_for(".job_page", job_id=record.id), code=303)
-    return _pointing(views._conversion_error(error), jobs_url=url_for(".create_job"))
-
-
-@blueprint.errorhandler(StillForJob)
-def _still_for_job(error: StillForJob) -> Response:
-    return _pointing(views._conversion_error(error), convert_url=url_for(".convert"))
-
-
-def _pointing(response: Response, **urls: str) -> Response:
-    """A JSON refusal with the URL to send the file to instead (animegan.js follows it)."""
-    if response.is_json:
-        payload = response.get_json()
-        payload.update(urls)
-        response.set_data(json.dumps(payload))
-    return response
 
 
 # -- the API ---------------------------------------------------------------------------
@@ -259,8 +132,8 @@ def _json(payload: dict[str, Any], status: int = 200) -> Response:
 
 @blueprint.post("/jobs")
 def create_job() -> Response:
-    data, params = views._read_upload()
-    record = start_job(data, params)
+    data, params = uploads.read_upload()
+    record = uploads.start_job(data, params)
     response = _json(describe(record), 202)
     response.headers["Location"] = url_for(".job", job_id=record.id)
     return response
@@ -303,7 +176,7 @@ def _download_name(record: JobRecord) -> str:
 
 @blueprint.get("/jobs/<job_id>/result")
 def job_result(job_id: str) -> Response:
-    download = views._download_wanted(request.args.get("download", ""))
+    download = views.download_wanted(request.args.get("download", ""))
     record = _finished(job_id)
     data = _jobs().store.get_result(job_id)
     if data is None:
@@ -332,7 +205,7 @@ def job_page(job_id: str) -> Response:
     """The job's progress, refreshing itself every PAGE_REFRESH_S seconds until it ends,
     then its result and a download link."""
     record = _record(job_id)
-    response = make_response(render_template("animegan/job.html", animegan=views._page(
+    response = make_response(render_template("animegan/job.html", animegan=views.page_context(
         job=describe(record), refresh=None if record.finished else PAGE_REFRESH_S,
         download_name=_download_name(record) if record.state == JobState.DONE else None,
         error=None, job_error=views.sentence(record.error) if record.error else None)))

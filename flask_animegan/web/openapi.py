@@ -15,8 +15,8 @@ from typing import Any
 from flask import Response, current_app, jsonify, request
 
 from ..config import OUTPUT_FORMATS
-from ..inputs.colors import COLOR_MODES
-from ..pipeline import PORTRAIT_MODES
+from ..convert.colors import COLOR_MODES
+from ..convert.request import PORTRAIT_MODES
 from ..service import get_service
 from .blueprint import blueprint
 

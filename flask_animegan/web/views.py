@@ -43,9 +43,10 @@ from ..errors import (
 )
 from ..inputs.formats import encode
 from ..inputs.media import MEDIA_HINT, MediaInfo, other_container
-from ..pipeline import Conversion, describe_timings
-from ..service import WARMING_RETRY_AFTER, get_service, parameter_word
-from . import csrf, protection
+from ..convert.converter import Conversion, describe_timings
+from ..convert.request import parameter_word
+from ..service import WARMING_RETRY_AFTER, get_service
+from . import csrf, protection, uploads
 from .blueprint import blueprint
 from .clients import client_key, is_loopback
 from .limits import conversion_cost, deducts, spending
@@ -96,7 +97,7 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
         g.animegan_admission = get_service().admission.enter()
     # Werkzeug answers 413 from Content-Length before reading the body. A chunked
     # body has no length: Werkzeug then stops reading at the limit without an error,
-    # so allow one byte more and refuse the body if it gets there (_read_upload).
+    # so allow one byte more and refuse the body if it gets there (uploads.read_upload).
     limit = get_service().max_upload_bytes
     _limit_the_body(limit if request.content_length is not None else limit + 1)
     request.max_form_parts = MAX_FORM_PARTS
@@ -300,146 +301,7 @@ def _count_request(response: Response) -> Response:
     return response
 
 
-def _log_conversion(status: int, conversion: Conversion | None = None,
-                    error: str | None = None) -> None:
-    """One structured line per conversion: no image content, no client file names."""
-    record: dict[str, Any] = {"endpoint": request.endpoint, "status": status}
-    if conversion is not None:
-        record.update(style=conversion.style, size=list(conversion.size),
-                      format=conversion.format,
-                      cache="hit" if conversion.cache_hit else "miss", ms=conversion.timings)
-    if error is not None:
-        record["error"] = error
-    log.info("animegan.conversion %s", json.dumps(record, sort_keys=True))
-
-
-def _read_upload() -> tuple[bytes, Any]:
-    """The uploaded file's bytes and the request's parameters.
-
-    Accepts multipart/form-data (field ``image``; parameters in the form or query)
-    or the raw image as the body (parameters in the query string).
-    """
-    if request.mimetype == "multipart/form-data":
-        upload = request.files.get("image")
-        if upload is None:
-            raise BadImage("no image: send the photo in the multipart field 'image'")
-        return upload.read(), request.values
-    if request.mimetype not in _RAW_BODY_TYPES and not request.mimetype.startswith("image/"):
-        raise UnsupportedImage(f"Content-Type {request.mimetype} is not an image; send "
-                               "multipart/form-data with field 'image' or the raw image")
-    data = request.get_data(cache=False)
-    if len(data) > get_service().max_upload_bytes:  # a chunked body past the limit
-        raise RequestEntityTooLarge()
-    if not data:
-        raise BadImage("no image: send multipart/form-data with the photo in field 'image', "
-                       "or the raw image as the request body")
-    return data, request.args
-
-
-_PNG = b"\x89PNG\r\n\x1a\n"
-#: How far into a PNG its animation chunk (acTL, before the first IDAT) is looked for.
-_APNG_WINDOW = 64 << 10
-
-
-class NeedsJob(UnsupportedImage):
-    """An animation or a video sent where one picture is converted (``/convert``, the
-    form's ``/upload``): its frames are a job (web/jobs.py turns this into the job or the
-    pointer to it). ``info`` is its probe, ``data`` and ``params`` the request's."""
-
-    def __init__(self, info: MediaInfo, data: bytes, params: Any) -> None:
-        what = "a video" if info.kind == "video" else f"an animated {info.format}"
-        super().__init__(
-            f"this is {what} ({info.frames} frames): converting it takes a while, so it "
-            f"runs as a job; send it to POST {url_for('.create_job')} and follow the "
-            "job's URL for its progress")
-        self.info, self.data, self.params = info, data, params
-
-
-def may_move(data: bytes) -> bool:
-    """Whether ``data`` may be an animation or a video, from its first bytes alone: a GIF,
-    a WebP with its animation flag, a PNG with an animation chunk near its start, an
-    MP4/MOV (``ftyp``) or a Matroska/WebM (EBML). Nothing else is probed, so a still photo
-    costs nothing more; what these are is decided in a helper process (:func:`moving_upload`)."""
-    head = data[:32]
-    if head[:6] in (b"GIF87a", b"GIF89a") or head[:4] == b"\x1a\x45\xdf\xa3":
-        return True
-    if head[:4] == b"RIFF" and head[8:16] == b"WEBPVP8X":
-        return len(head) > 20 and bool(head[20] & 0x02)
-    if head[:8] == _PNG:
-        window = data[:_APNG_WINDOW]
-        animation, pixels = window.find(b"acTL"), window.find(b"IDAT")
-        return animation > 0 and (pixels < 0 or animation < pixels)
-    return head[4:8] == b"ftyp"
-
-
-def probe_upload(data: bytes) -> MediaInfo:
-    """What ``data`` is (a still, an animation or a video) and whether it is within a
-    job's limits, read in the decode helper process (jobs/work.py's ``Jobs.probe``);
-    raises BadImage, UnsupportedImage or ImageTooLarge."""
-    jobs = get_service().jobs
-    assert jobs is not None, "the extension makes the jobs"
-    return jobs.probe(data)
-
-
-def moving_upload(data: bytes) -> MediaInfo | None:
-    """The probe of an animation or a video, or None for a still photo, which keeps the
-    photo path. A file that only looked like one (a broken GIF, a PNG with a stray
-    ``acTL``) is left to the photo decoder, which refuses it or converts it as before;
-    one over a job's limits is refused here, as is a video in a container that is not read
-    (AVI, MPEG, ...: 415 naming those that are)."""
-    if get_service().jobs is None:
-        return None
-    container = other_container(data)
-    if container is not None:
-        raise UnsupportedImage(f"{container} videos are not accepted; {MEDIA_HINT}")
-    if not may_move(data):
-        return None
-    try:
-        info = probe_upload(data)
-    except ImageTooLarge:
-        raise
-    except ConversionError:
-        return None
-    return None if info.kind == "still" else info
-
-
-def check_parameters(params: Any, largest: int | None = None) -> None:
-    """Refuse a request's bad parameters (an unknown style 404, a bad size, format, colour
-    or portrait option 400) before anything is decoded; ``largest``: the largest size
-    allowed (None: the largest a photo may ask for)."""
-    service = get_service()
-    service.engine.style(params.get("style") or None)
-    service.parse_size(params.get("size"), largest or _largest_size(service))
-    service.parse_format(params.get("format"))
-    service.parse_options(params.get("colors"), params.get("portrait"))
-
-
-def _largest_size(service: Any) -> int:
-    # service.max_output_side: issue 28's sizes above ANIMEGAN_MAX_SIDE (in tiles)
-    return int(getattr(service, "max_output_side", service.max_side))
-
-
-def _convert_request() -> Conversion:
-    data, params = _read_upload()
-    check_parameters(params)
-    spending()  # from here on the request costs CPU: it counts against the rate limit
-    moving = moving_upload(data)
-    if moving is not None:
-        raise NeedsJob(moving, data, params)
-    service = get_service()
-    conversion = service.convert_upload(data, style=params.get("style") or None,
-                                        size=params.get("size"), fmt=params.get("format"),
-                                        client=client_key(service.limiter),
-                                        colors=params.get("colors"),
-                                        portrait=params.get("portrait"))
-    _log_conversion(200, conversion)
-    if service.metrics is not None:
-        service.metrics.conversion_done(conversion, service.cache.enabled,
-                                        service.cache.stats().get("bytes"))
-    return conversion
-
-
-def _page(layout: str | Template | None = None, **extra: Any) -> SimpleNamespace:
+def page_context(layout: str | Template | None = None, **extra: Any) -> SimpleNamespace:
     """What the page templates read, as one variable, ``animegan``: the site's layout
     sees its own template globals (Flask-WTF's ``csrf_token()``, ``current_user``, ...)
     unshadowed."""
@@ -457,8 +319,8 @@ def _page(layout: str | Template | None = None, **extra: Any) -> SimpleNamespace
         admin_hints=protection.is_admin(),
         default_style=service.engine.default_style,
         max_side=service.max_side,
-        sizes=sorted({s for s in FORM_SIZES if s < _largest_size(service)}
-                     | {service.max_side, _largest_size(service)}),
+        sizes=sorted({s for s in FORM_SIZES if s < service.sizes.photo}
+                     | {service.max_side, service.sizes.photo}),
         formats=OUTPUT_FORMATS,
         default_format=service.output_format,
         colors=COLOR_CHOICES,
@@ -508,7 +370,7 @@ _YES, _NO = frozenset({"1", "true", "yes", "on"}), frozenset({"", "0", "false", 
 
 @blueprint.get("/")
 def index() -> Response:
-    response = make_response(render_template("animegan/index.html", animegan=_page()))
+    response = make_response(render_template("animegan/index.html", animegan=page_context()))
     response.headers["Cache-Control"] = INDEX_CACHE_CONTROL
     return response
 
@@ -516,8 +378,11 @@ def index() -> Response:
 @blueprint.post("/upload")
 def upload() -> BaseResponse:
     csrf.check()
-    # an animation or a video raises NeedsJob: web/jobs.py starts its job, 303 to its page
-    conversion = _convert_request()
+    received = uploads.receive()
+    if received.media is not None:  # an animation or a video: its job's page
+        record = uploads.start_job(received.data, received.params, received.media)
+        return redirect(url_for(".job_page", job_id=record.id), code=303)
+    conversion = uploads.convert_photo(received)
     service = get_service()
     stored = StoredResult(
         original=encode(conversion.input(), "jpeg", service.quality),
@@ -550,7 +415,7 @@ def _result_page(stored: StoredResult, token: str | None) -> Response:
         anime = _data_url(stored.mimetype, stored.result)
         sources = {"original": _data_url("image/jpeg", stored.original), "anime": anime,
                    "download": anime}
-    response = make_response(render_template("animegan/result.html", animegan=_page(
+    response = make_response(render_template("animegan/result.html", animegan=page_context(
         token=token, result=stored, sources=sources, kept=token is not None,
         download_name=_download_name(stored))))
     response.headers["Cache-Control"] = RESULT_CACHE_CONTROL
@@ -561,7 +426,7 @@ def _data_url(mimetype: str, data: bytes) -> str:
     return f"data:{mimetype};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-def _download_wanted(raw: str) -> bool:
+def download_wanted(raw: str) -> bool:
     """``?download=1`` (true, yes, on) asks for an attachment; 0 (false, no, off) or none
     for the image inline; anything else is refused rather than guessed."""
     value = parameter_word(raw)
@@ -577,7 +442,7 @@ def _download_name(stored: StoredResult) -> str:
 
 @blueprint.get("/result/<token>/<any(original, anime):kind>")
 def result_image(token: str, kind: str) -> Response:
-    download = _download_wanted(request.args.get("download", ""))
+    download = download_wanted(request.args.get("download", ""))
     stored = get_service().results.get(token)
     if stored is None:
         abort(404, "this result has expired; convert the photo again")
@@ -594,7 +459,10 @@ def result_image(token: str, kind: str) -> Response:
 
 @blueprint.post("/convert")
 def convert() -> Response:
-    conversion = _convert_request()
+    received = uploads.receive()
+    if received.media is not None:
+        raise uploads.job_for_convert(received.media)
+    conversion = uploads.convert_photo(received)
     response = Response(conversion.data, mimetype=conversion.mimetype)
     response.headers.update({
         "X-Cache": "HIT" if conversion.cache_hit else "MISS",
@@ -689,7 +557,7 @@ def _error_page(message: str) -> str:
     for layout in (None, BUILT_IN_BASE):
         try:
             return render_template("animegan/index.html",
-                                   animegan=_page(layout=layout, error=message))
+                                   animegan=page_context(layout=layout, error=message))
         except Exception:  # noqa: BLE001 - an error page must not fail
             log.exception("flask_animegan: the error page could not be rendered with %s",
                           "the site's layout" if layout is None else BUILT_IN_BASE)
@@ -698,10 +566,13 @@ def _error_page(message: str) -> str:
 
 
 @blueprint.errorhandler(ConversionError)
-def _conversion_error(error: ConversionError) -> Response:
+def conversion_error_response(error: ConversionError) -> Response:
     if request.endpoint in LIMITED_ENDPOINTS:
-        _log_conversion(error.status, error=error.__class__.__name__)
-    return _error_response(str(error), error.status, error.retry_after)
+        uploads.log_conversion(error.status, error=error.__class__.__name__)
+    response = _error_response(str(error), error.status, error.retry_after)
+    if isinstance(error, uploads.SendElsewhere) and response.is_json:
+        response.set_data(json.dumps({**response.get_json(), **error.urls}))
+    return response
 
 
 @blueprint.errorhandler(RateLimitExceeded)
@@ -722,7 +593,7 @@ def _rate_limited(error: RateLimitExceeded) -> Response:
 def _http_error(error: HTTPException) -> Response:
     limit = get_service().max_upload_bytes
     if csrf.is_host_refusal(error):  # Flask-WTF's CSRFError: the same words as ours
-        return _conversion_error(csrf.CsrfFailed(csrf.REFUSED))
+        return conversion_error_response(csrf.CsrfFailed(csrf.REFUSED))
     if (error.code == 413 and request.mimetype == "multipart/form-data"
             and request.content_length is not None and request.content_length <= limit):
         message = (f"the form has more than {MAX_FORM_PARTS} parts or a text field is too "

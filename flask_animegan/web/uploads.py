@@ -1,0 +1,249 @@
+"""Uploads at the door: the file and its parameters read once, checked, and routed to a
+photo conversion or a job by one function, :func:`route`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flask import request, url_for
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from ..convert.converter import Conversion
+from ..convert.request import ConvertRequest
+from ..errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
+from ..inputs.media import MEDIA_HINT, MediaInfo, other_container
+from ..jobs.queues import FULL_RETRY_AFTER
+from ..jobs.records import JobRecord
+from ..service import get_service
+from .clients import CONVERSIONS_SCOPE, client_key
+from .limits import spending
+
+log = logging.getLogger("flask_animegan")
+_RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
+
+
+class SendElsewhere(UnsupportedImage):
+    """An upload sent to the wrong door: a still to the jobs, an animation or a video to
+    ``/convert``; ``urls`` (e.g. ``jobs_url``) say where to send it (animegan.js follows)."""
+
+    def __init__(self, message: str, **urls: str) -> None:
+        super().__init__(message)
+        self.urls = urls
+
+
+class TooManyJobs(ConversionError):
+    """The client's unfinished jobs are at ANIMEGAN_JOBS_PER_CLIENT, or the job's frames
+    are more conversions than its rate limit has left."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A request's file and parameters, checked as a photo's, and where it goes."""
+
+    data: bytes
+    params: Mapping[str, Any]
+    request: ConvertRequest
+    media: MediaInfo | None  # an animation or a video: a job; None: a photo
+
+
+def receive() -> Upload:
+    """Read the upload, check its parameters (before anything costs CPU), count it
+    against the rate limit, and route it."""
+    data, params = read_upload()
+    parsed = get_service().parse(params)
+    spending()  # from here on the request costs CPU: it counts against the rate limit
+    return Upload(data, params, parsed, route(data))
+
+
+def read_upload() -> tuple[bytes, Any]:
+    """The uploaded file's bytes and the request's parameters.
+
+    Accepts multipart/form-data (field ``image``; parameters in the form or query)
+    or the raw image as the body (parameters in the query string).
+    """
+    if request.mimetype == "multipart/form-data":
+        upload = request.files.get("image")
+        if upload is None:
+            raise BadImage("no image: send the photo in the multipart field 'image'")
+        return upload.read(), request.values
+    if request.mimetype not in _RAW_BODY_TYPES and not request.mimetype.startswith("image/"):
+        raise UnsupportedImage(f"Content-Type {request.mimetype} is not an image; send "
+                               "multipart/form-data with field 'image' or the raw image")
+    data = request.get_data(cache=False)
+    if len(data) > get_service().max_upload_bytes:  # a chunked body past the limit
+        raise RequestEntityTooLarge()
+    if not data:
+        raise BadImage("no image: send multipart/form-data with the photo in field 'image', "
+                       "or the raw image as the request body")
+    return data, request.args
+
+
+_PNG = b"\x89PNG\r\n\x1a\n"
+#: How far into a PNG its animation chunk (acTL, before the first IDAT) is looked for.
+_APNG_WINDOW = 64 << 10
+
+
+def may_move(data: bytes) -> bool:
+    """Whether ``data`` may be an animation or a video, from its first bytes alone: a GIF,
+    a WebP with its animation flag, a PNG with an animation chunk near its start, an
+    MP4/MOV (``ftyp``) or a Matroska/WebM (EBML). Nothing else is probed, so a still photo
+    costs nothing more; what these are is decided in a helper process (:func:`moving_upload`)."""
+    head = data[:32]
+    if head[:6] in (b"GIF87a", b"GIF89a") or head[:4] == b"\x1a\x45\xdf\xa3":
+        return True
+    if head[:4] == b"RIFF" and head[8:16] == b"WEBPVP8X":
+        return len(head) > 20 and bool(head[20] & 0x02)
+    if head[:8] == _PNG:
+        window = data[:_APNG_WINDOW]
+        animation, pixels = window.find(b"acTL"), window.find(b"IDAT")
+        return animation > 0 and (pixels < 0 or animation < pixels)
+    return head[4:8] == b"ftyp"
+
+
+def route(data: bytes) -> MediaInfo | None:
+    """Where an upload goes: the probe of an animation or a video (a job), or None for a
+    still photo (converted at once). A file that only looked like one (a broken GIF, a PNG with a stray
+    ``acTL``) is left to the photo decoder, which refuses it or converts it as before;
+    one over a job's limits is refused here, as is a video in a container that is not read
+    (AVI, MPEG, ...: 415 naming those that are)."""
+    jobs = get_service().jobs
+    if jobs is None:
+        return None
+    container = other_container(data)
+    if container is not None:
+        raise UnsupportedImage(f"{container} videos are not accepted; {MEDIA_HINT}")
+    if not may_move(data):
+        return None
+    try:
+        info = jobs.probe(data)
+    except ImageTooLarge:
+        raise
+    except ConversionError:
+        return None
+    return None if info.kind == "still" else info
+
+
+def convert_photo(upload: Upload) -> Conversion:
+    """Convert a routed photo upload (or answer it from the cache)."""
+    service = get_service()
+    conversion = service.convert_upload(upload.data, upload.request,
+                                        client=client_key(service.limiter))
+    log_conversion(200, conversion)
+    if service.metrics is not None:
+        service.metrics.conversion_done(conversion, service.cache.enabled,
+                                        service.cache.stats().get("bytes"))
+    return conversion
+
+
+def log_conversion(status: int, conversion: Conversion | None = None,
+                   error: str | None = None) -> None:
+    """One structured line per conversion: no image content, no client file names."""
+    record: dict[str, Any] = {"endpoint": request.endpoint, "status": status}
+    if conversion is not None:
+        record.update(style=conversion.style, size=list(conversion.size),
+                      format=conversion.format,
+                      cache="hit" if conversion.cache_hit else "miss", ms=conversion.timings)
+    if error is not None:
+        record["error"] = error
+    log.info("animegan.conversion %s", json.dumps(record, sort_keys=True))
+
+
+def job_for_convert(info: MediaInfo) -> SendElsewhere:
+    """The refusal of an animation or a video sent to ``/convert``: where to send it."""
+    what = "a video" if info.kind == "video" else f"an animated {info.format}"
+    return SendElsewhere(
+        f"this is {what} ({info.frames} frames): converting it takes a while, so it runs "
+        f"as a job; send it to POST {url_for('.create_job')} and follow the job's URL for "
+        "its progress", jobs_url=url_for(".create_job"))
+
+
+# -- jobs at the door ------------------------------------------------------------------
+def _conversions(frames: int) -> int:
+    return max(1, math.ceil(frames / get_service().settings.frames_per_conversion))
+
+
+def _charge_frames(info: MediaInfo) -> None:
+    """Count the job's frames against the conversions' rate limit: ``ceil(frames / N)``
+    conversions, one of which flask-limiter takes after the view (it tested that one
+    before it). Raises TooManyJobs, costing nothing more than that one, when they do not
+    fit in what is left."""
+    service = get_service()
+    cost = _conversions(info.frames)
+    if cost <= 1:
+        return
+    for counted in service.limiter.current_limits:
+        if not (counted.shared and counted.request_args[-1] == CONVERSIONS_SCOPE):
+            continue
+        item, args = counted.limit, counted.request_args
+        try:
+            fits = counted.limiter.test(item, *args, cost=cost)
+            if fits:
+                counted.limiter.hit(item, *args, cost=cost - 1)
+        except Exception:  # a host Limiter's storage failed: as its headers do
+            log.warning("flask_animegan: a job's frames could not be counted against the "
+                        "rate limit", exc_info=True)
+            return
+        if not fits:
+            wait = max(1, int(item.get_expiry()))
+            what = (f"{info.frames} frames count as {cost} conversions "
+                    f"({service.settings.frames_per_conversion} frames each)")
+            if cost > item.amount:
+                raise TooManyJobs(f"this file is too long for the rate limit: its {what}, "
+                                  f"more than the limit of {item}; send a shorter clip",
+                                  wait)
+            raise TooManyJobs(f"too many conversions from your address: this file's {what}"
+                              f" and the limit of {item} has fewer left; try again in "
+                              f"{wait} s", wait)
+
+
+def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = None) -> JobRecord:
+    """Check an upload at the door and queue its job; the new JobRecord. ``info`` is the
+    upload's probe when routing made it already."""
+    service = get_service()
+    jobs = service.jobs
+    if jobs is None:
+        raise UnsupportedImage("animations and videos are off in this app; send a photo")
+    # the result keeps the upload's kind (GIF -> GIF, video -> MP4); the preview is a JPEG
+    parsed = service.parse(params, media=True)
+    spending()  # the probe and the frames cost CPU: from here on the request counts
+    if info is None:
+        info = jobs.probe(data)
+    if info.kind == "still":
+        raise SendElsewhere(
+            "this is a still photo, not an animation or a video: send it to POST "
+            f"{url_for('.convert')}, which converts it at once", convert_url=url_for(".convert"))
+    client = client_key(service.limiter)
+    unfinished = jobs.unfinished(client)
+    cap = service.settings.jobs_per_client
+    if unfinished >= cap:
+        # the form's user has no DELETE to send: the page can only ask them to wait
+        way = ("" if request.endpoint == "animegan.upload"
+               else ", or cancel one with DELETE on its URL")
+        raise TooManyJobs(f"you already have {unfinished} unfinished jobs (the limit is "
+                          f"{cap}); wait for one to finish{way}", retry_after=5)
+    waiting = jobs.queue.queued_count()
+    if waiting >= service.settings.job_max_queue:
+        # before the frames are counted, so a full queue costs the client no more than
+        # its request (Jobs.submit's enqueue answers the same when it fills meanwhile)
+        raise Overloaded(f"the job queue is full ({waiting} jobs are waiting for a "
+                         f"worker); try again in {FULL_RETRY_AFTER} s", FULL_RETRY_AFTER)
+    _charge_frames(info)
+    record = jobs.submit(data, info, style=parsed.style.name, size=parsed.size,
+                         client=client, colors=parsed.options.colors)
+    log.info("animegan.job %s", json.dumps(
+        {"event": "queued", "kind": info.kind, "format": info.format, "frames": info.frames,
+         "style": parsed.style.name, "size": parsed.size}, sort_keys=True))
+    return record
+
+
