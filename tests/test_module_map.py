@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "flask_animegan"
 MAP = ROOT / "docs" / "development.md"
-HEADING = "### Module map"
+HEADING = "## Module map"
 #: A row of the map: its first cell is a path relative to flask_animegan/, in backticks.
 ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|")
 
