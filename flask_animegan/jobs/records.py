@@ -164,7 +164,7 @@ class JobStore:
         ids = dict.fromkeys(member.decode(errors="replace") for member in members)
         return [record for job_id in ids if (record := self.get(job_id)) is not None]
 
-    # -- cancelling ------------------------------------------------------------------
+    # -- cancelling: a key of its own, so a worker's progress update never overwrites it
     def request_cancel(self, job_id: str) -> bool:
         return self.storage.set(self._key(job_id, "cancel"), b"1", self.ttl)
 

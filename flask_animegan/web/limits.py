@@ -70,7 +70,8 @@ def counting_limiter(extensions: MutableMapping[str, Any], own: Limiter | None) 
 
 class FallbackCounts(CountStorage, MovingWindowSupport, SlidingWindowCounterSupport):
     """A ``limits`` storage for ``animegan+redis://``: the counts in Redis, or in this
-    process (forgotten later) while it is down or full; it never raises."""
+    process (forgotten later) while it is down or full; it never raises (flask-limiter's
+    own fallback covers only the check before the view)."""
 
     STORAGE_SCHEME = [WRAPPED + scheme for scheme in COUNTED_SCHEMES]  # noqa: RUF012 - limits' registry reads it
 
