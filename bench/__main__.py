@@ -1,8 +1,7 @@
-"""Run the benchmark: ``.venv/bin/python -m bench [--quick] [--out PATH]``.
+"""Run the benchmark: ``python -m bench [--quick] [--out PATH]``.
 
-Prints a markdown report and writes every figure as JSON (default
-``bench/results/latest.json``). A section that fails is recorded with its error and
-the others still run; the exit status is 1 then. Missed targets never fail the run.
+Prints a markdown report and writes every figure as JSON; a failed section is recorded
+and the others still run (exit status 1). Missed targets never fail the run.
 """
 
 from __future__ import annotations
@@ -71,8 +70,7 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
     machine = ceilings.machine_info()
     bf16 = machine["native_bf16"]
     weights = prepare_weights(workdir / "models")
-    # what ANIMEGAN_BACKEND=auto and ANIMEGAN_PRECISION=auto settle on here, exactly as
-    # the app does at startup (filling the model cache the servers below start from)
+    # what `auto` settles on here, as at the app's start (filling the servers' model cache)
     model_cache = workdir / "model-cache"
     probe = InferenceEngine.from_settings(
         weights.models_dir, Settings(default_style=weights.style, precision="auto",

@@ -1,12 +1,7 @@
-"""Section 7: each backend's start (cold and warm model cache), first conversion and memory.
+"""Each backend's start (cold and warm model cache), first conversion and memory.
 
-Every row is a fresh process that builds the package's engine with one backend and
-precision, prepares it (load, convert and compile for OpenVINO, warm-up inference)
-and converts a ``size`` x ``size`` picture a few times. The OpenVINO modes start
-twice on the same cache folder: the first start converts and compiles (cold), the
-second must find both in the cache (warm). Modes are run in turns.
-
-    python -m bench.backends [--size 512] [--runs 3]
+Every row is a fresh process; OpenVINO modes start twice on one cache folder, the second
+must find everything cached. ``python -m bench.backends [--size 512] [--runs 3]``
 """
 
 from __future__ import annotations
@@ -38,8 +33,7 @@ def rss_mib() -> dict[str, float]:
 
 def child(mode: str, cache: str, models_dir: str, style: str, size: int, runs: int,
           threads: int) -> dict[str, Any]:
-    """In a fresh process: import, prepare, ``runs`` + 1 conversions at ``size`` (engine.run),
-    then the memory once idle."""
+    """In a fresh process: prepare, ``runs`` + 1 conversions, then the memory once idle."""
     started = time.perf_counter()
     import numpy as np
     from PIL import Image

@@ -1,13 +1,7 @@
 """REFERENCE CODE FOR THE BENCHMARK, NOT THE PRODUCT: the articles' "optimized" recipe.
 
-This reproduces the articles' tuned way of serving AnimeGANv2, so ``python -m bench``
-can measure the product against it in the same run; do not deploy it. The model is
-built and loaded once at import, traced with ``torch.jit.trace``, and torch is capped
-with ``torch.set_num_threads(2)``; conversions use torchvision transforms; the bench
-serves it with ``gunicorn --workers 1 --threads 2``.
-
-The network is the package's ``Generator`` and the weights are the bench's file
-(``BENCH_WEIGHTS``), so only the serving recipe differs from the product's.
+The model is loaded once, traced with ``torch.jit.trace`` and capped at two threads; do not
+deploy it. Same network and weights as ours.
 """
 
 from __future__ import annotations

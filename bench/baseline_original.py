@@ -1,14 +1,7 @@
 """REFERENCE CODE FOR THE BENCHMARK, NOT THE PRODUCT: the articles' "original" recipe.
 
-This reproduces how the two articles this project grew from first served AnimeGANv2,
-so ``python -m bench`` can measure the product against it in the same run. It is
-deliberately naive; do not deploy it. On every request it builds ``Generator()`` and
-loads the weights with ``torch.load``, converts with torchvision transforms (Resize to
-the long side, ToTensor, Normalize) and leaves torch's threads at their default; the
-bench serves it with ``gunicorn --workers 1 --threads 4``.
-
-The network is the package's ``Generator`` and the weights are the bench's file
-(``BENCH_WEIGHTS``), so only the serving recipe differs from the product's.
+Deliberately naive (do not deploy): it builds ``Generator()`` and loads the weights on every
+request, with torchvision transforms and default threads. Same network and weights as ours.
 """
 
 from __future__ import annotations

@@ -53,11 +53,7 @@ def convert(url: str, data: bytes, *, timeout: float, retry: bool) -> Conversion
 
 def run_clients(url: str, data: bytes, *, clients: int, per_client: int, timeout: float = 600,
                 retry: bool = True) -> dict[str, Any]:
-    """``clients`` threads start together, each converting ``per_client`` photos in a row.
-
-    Returns counts by status, throughput (successful conversions per second of wall
-    time) and latency percentiles of the successful conversions.
-    """
+    """``clients`` threads convert ``per_client`` photos each; counts, throughput, latencies."""
     barrier = threading.Barrier(clients + 1)
     results: list[list[Conversion]] = [[] for _ in range(clients)]
 

@@ -1,18 +1,8 @@
-"""Section 9: colour keeping (``colors=off|luma|keep``), how close it gets and what it costs.
+"""Colour keeping (``colors=off|luma|keep``): how close it gets and what it costs.
 
-Run: ``.venv/bin/python -m bench.colors [--quick]`` (also a section of ``python -m bench``).
-
-* **Fidelity**: six scikit-image photos (never downloaded), fitted to 512 px as the app
-  fits them and converted by the style (the shipped ``toon_demo`` where it is there), then
-  kept with each mode; per photo the mean CIEDE2000 distance to the input
-  (``skimage.color.deltaE_ciede2000``) and the mean-brightness error (Rec. 601 luma,
-  0-255), and what ``keep`` saves against ``off``.
-* **Cost**: ``keep_colors`` at 512 px and 4096 px against the inference at 512 px (and
-  the inference's per-pixel time scaled to 4096 px), and the peak memory of a 4096 x 4096
-  ``keep`` over its inputs, measured in a fresh process (VmHWM after clear_refs).
-
-Self-contained but for ``flask_animegan`` and ``bench.inputs``, so the tests use its photo
-list and its converter (``tests/test_colors.py``).
+``python -m bench.colors [--quick]``: mean CIEDE2000 and brightness error to the input on
+six scikit-image photos, and ``keep_colors``'s time and peak memory at 512 and 4096 px.
+The tests use its photo list and converter.
 """
 
 from __future__ import annotations
@@ -38,8 +28,7 @@ from flask_animegan.runtime.backends import to_pixels
 from flask_animegan.runtime.backends.torch import TorchRunner
 from flask_animegan.runtime.weights import load_generator
 
-#: the photos, chosen before measuring: the four the brief names, then two more real
-#: photographs that ship in scikit-image's wheel (a motorbike in a workshop, a retina)
+#: the photos, chosen before measuring
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle", "retina")
 SIDE = 512
 

@@ -1,11 +1,5 @@
-"""What decoding in a helper process costs per upload, against decoding in the thread.
-
-    python -m bench.decode [--runs 15] [--size 512]
-
-For real photos in each accepted format it times ``Decoder.decode`` (gate included)
-with ``isolation="thread"`` and ``"process"`` in the same run, interleaved, and prints
-the medians, the difference and the ratio. Then it times the hostile files the
-isolation is for: what each costs the server before it is answered.
+"""What decoding in a helper process costs per upload, against the thread, and what hostile
+files cost before they are answered. ``python -m bench.decode [--runs 15] [--size 512]``
 """
 
 from __future__ import annotations

@@ -32,10 +32,7 @@ class Weights:
 
 
 def prepare_weights(folder: Path) -> Weights:
-    """Copy the shipped ``toon_demo`` style into ``folder``, or save seeded random weights there.
-
-    The folder holds a single style so the servers' default style is unambiguous.
-    """
+    """Put the one style (shipped ``toon_demo``, else seeded random weights) into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     if SHIPPED_STYLE.is_file():
         path = folder / SHIPPED_STYLE.name

@@ -1,24 +1,9 @@
-"""The INT8 stretch of the OpenVINO backend: post-training quantisation with NNCF, measured.
+"""OpenVINO INT8 through NNCF's post-training quantisation, variant by variant.
 
-Run: ``.venv/bin/python -m bench.int8`` (nncf is in the test extra). ``--sensitivity``
-adds the per-quantiser table; ``--accuracy-control`` adds
-``nncf.quantize_with_accuracy_control`` (minutes).
-
-The shipped ``toon_demo`` style is converted exactly as the backend converts it
-(``backends.openvino.convert``) and quantised by ``nncf.quantize`` with each variant's
-options, calibrated on photos that ship in scikit-image's wheel (``CALIBRATION``, none of
-them a fidelity photo), and compiled next to the f32 model with the same threads.
-
-Reported per variant: the lowest PSNR against torch fp32 over the fidelity guard's own
-photos (``backends.fidelity``) at the guard's size (128 px: 128x85 for two of them, an
-odd size) and fitted to 512 px (512x341), and model-only time at 512 px against
-OpenVINO f32 (medians, every model in turns in one loop, so a busy moment hits all);
-the best passing variant (or the best variant) is timed at 1024 px too. The bar: >= 35 dB
-at both sizes and <= 0.7x f32's time at 512 and 1024 px.
-
-The sensitivity table quantises the model once (default options) and then keeps one
-quantiser at a time (every other FakeQuantize bypassed, every weight back in float):
-the dB each quantisation point costs on its own; and the reverse, every quantiser but one.
+``python -m bench.int8 [--sensitivity] [--accuracy-control]``: each variant of the shipped
+style, converted as the backend converts it, is scored by the fidelity guard's lowest PSNR
+at two sizes and timed against OpenVINO f32 (docs/benchmark.md gives the bar and results).
+The sensitivity table keeps one quantiser at a time, and every quantiser but one.
 """
 
 from __future__ import annotations
@@ -217,8 +202,7 @@ def timed(runs: dict[str, Callable[[np.ndarray], np.ndarray]], side: int,
 
 
 def sensitivity(model: Any, models: Models) -> None:
-    """Per quantiser: the dB with it alone (others bypassed, float weights) and with every
-    other one (it bypassed, int8 weights)."""
+    """Per quantiser: the dB with it alone, and with every other one."""
     import nncf
     import openvino as ov
 
@@ -260,8 +244,7 @@ def sensitivity(model: Any, models: Models) -> None:
 
 
 def accuracy_control(model: Any, models: Models, reference: Any) -> Any:
-    """nncf.quantize_with_accuracy_control with the guard's measure (lowest PSNR against
-    torch fp32) on VALIDATION photos (neither calibration nor guard), max drop to 35 dB."""
+    """nncf.quantize_with_accuracy_control with the guard's measure on VALIDATION photos."""
     import nncf
     from nncf.quantization.advanced_parameters import (
         AdvancedAccuracyRestorerParameters,
@@ -297,14 +280,12 @@ def accuracy_control(model: Any, models: Models, reference: Any) -> Any:
     return quantized, time.perf_counter() - started
 
 
-#: Photos for the side-by-side sheet: a portrait and a still life, neither a calibration
-#: nor a guard photo.
+#: Photos for the side-by-side sheet, neither calibration nor guard photos.
 SHEET_PHOTOS = ("astronaut", "coffee")
 
 
 def side_by_side(path: str, network: Any, model: Any, models: Models) -> None:
-    """A sheet at 512 px, a row per photo: the photo, torch fp32, the shipped INT8, and
-    their difference times 8 (mid-grey: none), with each row's PSNR printed."""
+    """A sheet per photo: the photo, torch fp32, INT8 and their difference x8, with PSNR."""
     from PIL import ImageDraw
 
     reference = TorchRunner(network, "fp32")

@@ -1,22 +1,8 @@
-"""Section 8: jobs (animations and videos), against the photo path, and the repeat rule.
+"""Jobs (animations and videos) against the photo path, and the repeat rule.
 
-Run: ``.venv/bin/python -m bench.jobs [--quick]`` (also a section of ``python -m bench``).
-
-* **The repeat rule** (flask_animegan/jobs/repeats.py): generated H.264 clips (PyAV,
-  scikit-image photos, never downloaded) of a held shot at crf 18-33, and of pans, zooms,
-  a box of 5 % of the picture moving over a still background, and fades to black, each at
-  several speeds, decoded as a job decodes them; for each, the share of frames the rule
-  reuses, and how far the held shots' frames get from the one converted.
-* **Job path against photo path**: frames per second of ``Jobs.run`` (the worker's
-  function, helper-decoded frames, the writer, the record's reports) on a moving clip,
-  against images per second of ``Pipeline.convert`` of the same frames sent as JPEG stills,
-  at the same size, timed in turns.
-* **The saving**: a clip whose first half is a held shot, converted with the reuse on and
-  off: the share of frames converted, and the time against the run without reuse.
-* **Worker memory**: this process's RSS every 10 converted frames over a 250-frame job.
-
-Self-contained but for ``flask_animegan`` (no imports of the other sections), so the
-tests load its clip maker (``tests/test_jobs_core.py``).
+``python -m bench.jobs [--quick]``: the rule's reuse share on generated H.264 clips, a job's
+frames per second against the photo path's, the saving on a half-held clip and the worker's
+memory (docs/benchmark.md). Imports only ``flask_animegan``: the tests use its clip maker.
 """
 
 from __future__ import annotations
@@ -68,16 +54,13 @@ class Motion:
 
 #: Must be reused (>= 90 % of their frames): held shots, as encoders really make them.
 HELD = tuple(Motion("static", crf=crf) for crf in (18, 23, 28))
-#: Must be converted (at most 10 % of their frames reused: x264 leaves a few frames of a
-#: slow change nearly the same as the one before): visible movement, slow ones included.
+#: Must be converted (at most 10 % reused): visible movement, slow ones included.
 MOVING = (tuple(Motion("pan", speed) for speed in (0.5, 1, 2, 4))
           + tuple(Motion("zoom", speed) for speed in (0.5, 1, 2))
           + tuple(Motion("box", speed) for speed in (1, 2, 4))
           + tuple(Motion("fade", speed) for speed in (1, 2, 4))
           + (Motion("pan", 0.5, 28), Motion("box", 1, 28), Motion("fade", 2, 28)))
-#: Reported, not asked: beyond x264's usual range, movements too slow to see from one
-#: frame to the next, and a slow fade that x264 at crf 28 renders in uneven steps (the
-#: rule reuses some of their frames, never drifting past it).
+#: Reported, not asked: beyond x264's usual range, or too slow to see frame to frame.
 OUTSIDE = (Motion("static", crf=33), Motion("pan", 0.25), Motion("zoom", 0.1),
            Motion("zoom", 0.25), Motion("fade", 8), Motion("fade", 4, 28))
 PHOTOS = ("chelsea", "astronaut", "coffee", "camera")
@@ -336,8 +319,7 @@ QUICK = JobPlan(size=96, clip_size=(144, 96), throughput_frames=12, rounds=2,
 
 def measure(models_dir: Path, style: str, *, quick: bool, backend: str = "torch",
             precision: str = "fp32") -> dict[str, Any]:
-    """The whole section: the rule, the job path against the photo path, the saving and
-    the worker's memory."""
+    """The whole section: the rule, job path against photo path, saving, worker memory."""
     plan = QUICK if quick else FULL
     results: dict[str, Any] = {"size": plan.size, "rule": measure_rule(quick)}
     app = make_app(models_dir, style, backend, precision, plan.size)

@@ -1,11 +1,8 @@
-"""Section 2: the generator's compute per size and execution mode, against the ceilings.
+"""The generator's compute per size and execution mode, against the ceilings.
 
-Modes: ``fp32-nchw`` is plain eager float32 (the reference everybody starts from);
-``fp32`` and ``bf16`` are the package's torch backend (channels_last, in that dtype),
-``openvino-fp32`` and ``openvino-bf16`` its OpenVINO backend (when the extra is
-installed), each run through ``InferenceEngine.forward`` on uint8 pixels, so what is
-timed is the code the server runs. Sizes are timed in turns, each mode once per round,
-so that a busy moment of the machine hits every mode alike.
+``fp32-nchw`` is plain eager float32, the reference; the other modes run the package's
+backends through ``InferenceEngine.forward``, the code the server runs. Modes are timed in
+turns, so a busy moment hits them alike.
 """
 
 from __future__ import annotations
@@ -78,8 +75,7 @@ def engine_for(mode: str, models_dir: Path, style: str,
 
 @dataclass(frozen=True)
 class Inputs:
-    """One timed picture: as a (1, 3, H, W) batch in [-1, 1] (the eager reference's
-    input) and as the uint8 (H, W, 3) pixels the server's engine takes."""
+    """One timed picture, as the eager reference's batch and as the engine's uint8 pixels."""
 
     batch: torch.Tensor
     pixels: np.ndarray
@@ -142,8 +138,7 @@ def measure(sizes: list[int], repeats: dict[int, Repeats], *, models_dir: Path, 
 
 def _time_in_turns(runners: dict[str, Callable[[Inputs], Any]], side: int,
                    plan: Repeats) -> dict[str, list[float]]:
-    """Seconds per mode at ``side``: one warm-up each, then rounds of one run per mode,
-    until ``plan.runs`` rounds or the budget (per mode) is used."""
+    """Seconds per mode at ``side``: rounds of one run per mode until runs or budget end."""
     inputs = Inputs.square(side)
     seconds: dict[str, list[float]] = {mode: [] for mode in runners}
     for run in runners.values():

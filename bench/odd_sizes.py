@@ -1,14 +1,7 @@
-"""Odd sizes: seconds per megapixel over a spread of aspect ratios, per backend, with and
-without padding the input (reflect) to a multiple of 8, 16 or 32 and cropping back.
+"""Odd sizes: seconds per megapixel over aspect ratios, per backend, with and without
+reflect-padding to a multiple of 8, 16 or 32 (``python -m bench.odd_sizes [--quick]``).
 
-Run: ``.venv/bin/python -m bench.odd_sizes`` (``--quick``: fewer shapes and rounds).
-
-Each backend's fp32 runner (torch channels-last, OpenVINO) runs the shipped style; every
-(shape, padding) pair is timed once per round, all of them in turns, so a busy moment of
-the machine hits every variant alike; the figure is the median of the rounds, in seconds
-per megapixel of the picture asked for (not of the padded one). The padded output is
-cropped back and compared with the unpadded one (PSNR of the uint8 pictures), on
-scikit-image's coffee photo fitted to each shape.
+All variants are timed in turns; the padded output is compared with the unpadded one.
 """
 
 from __future__ import annotations
@@ -34,8 +27,7 @@ from flask_animegan.runtime.weights import load_generator
 
 from . import ceilings
 
-#: (height, width) at 512 px on the long side: 1:1, 4:3, 3:2, 16:10, 16:9, 5:4, 2:1,
-#: and portraits
+#: (height, width) at 512 px on the long side: common ratios, landscape and portrait
 SHAPES = ((512, 512), (384, 512), (341, 512), (320, 512), (288, 512), (410, 512),
           (256, 512), (512, 341), (512, 384), (383, 511), (347, 509))
 QUICK_SHAPES = ((512, 512), (341, 512), (320, 512), (512, 341))
@@ -44,8 +36,7 @@ ALIGNMENTS = (1, 4, 8, 16, 32)
 
 def padded(run: Callable[[np.ndarray], np.ndarray], align: int
            ) -> Callable[[np.ndarray], np.ndarray]:
-    """``run`` on ``pixels`` reflect-padded at the bottom and right to a multiple of
-    ``align``, cropped back, as the engine does (ANIMEGAN_PAD_MULTIPLE)."""
+    """``run`` on pixels padded to a multiple of ``align`` and cropped back, as the engine."""
     def call(pixels: np.ndarray) -> np.ndarray:
         height, width = pixels.shape[:2]
         return run(padded_to_multiple(pixels, align))[:height, :width]
@@ -53,8 +44,7 @@ def padded(run: Callable[[np.ndarray], np.ndarray], align: int
 
 
 def runners(threads: int) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
-    """Every candidate ``auto`` may serve here: torch fp32 (and bf16 on a CPU that computes
-    it natively), OpenVINO fp32, bf16 and INT8 (the shipped recipe), where installed."""
+    """Every backend and precision ``auto`` may serve here."""
     weights = SHIPPED_STYLES_DIR / "toon_demo.pt"
     found: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
     for precision in ("fp32", "bf16") if native_bf16() else ("fp32",):

@@ -1,10 +1,7 @@
-"""Portrait mode's acceptance figures (issue 28): ``python -m bench.portrait [--quick]``.
+"""Portrait mode's figures: ``python -m bench.portrait [--quick]``.
 
-On the generated corpus (tests/faces_corpus.py): recall of faces of 80 px or more at IoU
->= 0.6, the mean IoU, false faces per picture (corpus and the four face-free photos), the
-detector's time per picture; the same for dlib's HOG detector (``dlib-bin``, if installed)
-run the same way (the same turns, merged alike), which is how the detector was chosen; and
-the seam ratio with the shipped toon_demo, feathered against a hard paste.
+On tests/faces_corpus.py: face recall, IoU, false faces and time per picture for the Haar
+detector and (if installed) dlib's HOG run alike, and the feathered paste's seam ratio.
 """
 
 from __future__ import annotations
@@ -28,9 +25,7 @@ from flask_animegan.portrait import blend, detect, find_faces, paste_faces
 
 
 def _hog_faces(image: Image.Image, min_size: int) -> list[tuple[float, float, float, float]]:
-    """dlib's frontal HOG detector on the same turned copies, boxes mapped to the Haar
-    convention (its square is 0.8x the Haar one, centred 0.06 of its side higher: measured
-    on the two source faces)."""
+    """dlib's HOG detector on the same turned copies, boxes mapped to the Haar convention."""
     import dlib
 
     hog = dlib.get_frontal_face_detector()

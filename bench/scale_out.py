@@ -1,19 +1,8 @@
-"""Scale-out on this machine: one instance against two behind nginx, and what a cache hit
-costs from Redis against one from memory.
+"""Scale-out on one machine: one instance against two behind nginx, and Redis cache hits
+against memory ones. ``python -m bench.scale_out [--quick] [--out PATH]``.
 
-    python -m bench.scale_out [--quick] [--out PATH]
-
-Throughput: the same clients convert the bench photo through nginx running the shipped
-deploy/nginx.conf, in front of one instance with a torch thread per CPU, then of two
-instances with half the threads each (ANIMEGAN_TORCH_THREADS), one after the other in the
-same run; the ratio two/one is the figure. Expect about 1 on a small machine: one
-inference already spreads over every core through torch's intra-op threads, so a second
-instance only splits the same cores between two copies of the model. More instances pay
-off on more machines, not on more processes of one.
-
-Cache hits: one instance with ANIMEGAN_STORAGE_URI=redis://... (a redis-server started
-here with deploy/redis.conf) and one with memory://, each sent a photo and then the same
-photo re-encoded (answered with X-Cache: HIT); the medians of the hits are compared.
+Expect a ratio near 1 on a small machine: one inference already spreads over every core,
+so a second instance only splits them; more instances pay off on more machines.
 """
 
 from __future__ import annotations
@@ -61,8 +50,7 @@ QUICK = ScalePlan(size=128, clients=2, per_client=1, hit_repeats=2)
 
 @contextlib.contextmanager
 def nginx(upstream_ports: Sequence[int], folder: Path) -> Iterator[str]:
-    """deploy/nginx.conf with only its listen and upstream lines changed, no access log;
-    yields its URL."""
+    """deploy/nginx.conf in front of ``upstream_ports``; yields its URL."""
     with servers.NginxServer(folder, upstream_ports, access_log=False) as server:
         yield server.url
 
@@ -110,8 +98,7 @@ def _convert(session: requests.Session, url: str, data: bytes) -> Conversion:
 
 
 def run_clients(url: str, data: bytes, clients: int, per_client: int) -> dict[str, Any]:
-    """``clients`` threads, each at its own loopback address, convert ``per_client``
-    photos in a row, all starting together; bench.clients' summary of the run."""
+    """``clients`` threads, each from its own address, convert ``per_client`` photos."""
     barrier = threading.Barrier(clients + 1)
     done: list[Conversion] = []
 

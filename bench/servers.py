@@ -1,11 +1,8 @@
-"""Real servers on loopback, for the bench and the tests: gunicorn, redis-server, nginx.
+"""Real servers on loopback for the bench and the tests: gunicorn, redis-server, nginx.
 
-Each is a subprocess on a free 127.0.0.1 port, run with ``os.environ`` plus the given
-overrides, writing its config and logs into a folder it is given; each raises with the
-end of its log when it does not come up, and stops with ``stop()`` or at the end of a
-``with`` block. ``Missing`` says a server's binary is not installed (the tests turn it
-into a skip, or a failure in CI). A gunicorn worker's CPU time and memory are read from
-``/proc``.
+Each runs on a free 127.0.0.1 port with its config and logs in a given folder, raises
+with its log's tail when it does not come up, and stops with ``stop()`` or a ``with``.
+``Missing`` says a binary is not installed (a skip in the tests, a failure in CI).
 """
 
 from __future__ import annotations
@@ -45,10 +42,8 @@ def free_port() -> int:
 
 
 def _child_setup(cpus: set[int] | None) -> Callable[[], None]:
-    """What the child runs before exec: get SIGTERM if its parent dies (so no server
-    outlives the bench or the tests), and keep to ``cpus`` if given. Linux sends the
-    signal when the *thread* that started the child ends: start servers from a thread
-    that outlives them (the main thread, as here)."""
+    """Before exec: SIGTERM the child when its parent's starting *thread* dies (start
+    servers from one that outlives them), and pin it to ``cpus``."""
 
     def setup() -> None:
         PR_SET_PDEATHSIG = 1
@@ -105,8 +100,7 @@ class _Server:
 # --- gunicorn ---------------------------------------------------------------------------
 
 class GunicornServer(_Server):
-    """One gunicorn master with one worker, run from the repository root; use as a
-    context manager (``start()`` runs on entry unless it already ran)."""
+    """One gunicorn master with one worker, run from the repository root."""
 
     def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path, *,
                  ready_path: str, ready_timeout: float = 180.0, cpus: set[int] | None = None,
@@ -207,11 +201,7 @@ def ours(name: str, env: dict[str, str], log_dir: Path) -> GunicornServer:
 
 def baseline(name: str, module: str, threads: int, env: dict[str, str],
              log_dir: Path) -> GunicornServer:
-    """One of the articles' recipes, ``bench.<module>:app`` under ``--workers 1 --threads N``.
-
-    ``--timeout 120`` matches ours' gunicorn.conf.py, so no server's worker is killed
-    while it works through a queue of slow requests.
-    """
+    """One of the articles' recipes, ``bench.<module>:app``, with our gunicorn timeout."""
     return GunicornServer(name, ["--workers", "1", "--threads", str(threads), "--timeout", "120",
                                  f"bench.{module}:app"], env, log_dir, ready_path="/healthz")
 
@@ -241,12 +231,8 @@ def child_pids(pid: int) -> list[int]:
 # --- redis-server -------------------------------------------------------------------------
 
 class RedisServer(_Server):
-    """``redis-server`` bound to 127.0.0.1 with no persistence, started at once; ``kill()``
-    and ``start()`` simulate an outage and its end (the port stays the same).
-
-    ``shipped``: run deploy/redis.conf (only its bind and port lines changed) instead of
-    a minimal config with ``maxmemory``.
-    """
+    """``redis-server`` on 127.0.0.1 without persistence; ``kill()`` and ``start()``
+    make an outage. ``shipped`` runs deploy/redis.conf instead of a minimal config."""
 
     def __init__(self, folder: Path, maxmemory: str = "64mb", *, shipped: bool = False) -> None:
         if not Path(REDIS_SERVER).exists():
@@ -308,10 +294,8 @@ _ACCESS_LOG = re.compile(r"^(\s*)access_log\s+\S+(\s[^;]*)?;", re.MULTILINE)
 
 def site_for_ports(site: str, listen_port: int, upstream_ports: Sequence[int],
                    access_log: Path | None = None) -> str:
-    """The shipped site with its one ``listen`` line on ``127.0.0.1:listen_port`` and its
-    ``server 127.0.0.1:PORT ...;`` upstream lines replaced by one per upstream port, each
-    with the shipped parameters (max_fails, ...), and its ``access_log`` written to
-    ``access_log`` in the shipped format (``off`` without one). Nothing else changes."""
+    """The shipped site listening on ``listen_port`` with one upstream line per port and
+    its access log at ``access_log`` (``off`` without one); nothing else changes."""
     site, listens = _LISTEN.subn(rf"\g<1>listen 127.0.0.1:{listen_port};", site)
     site = _ACCESS_LOG.sub(lambda m: f"{m.group(1)}access_log {access_log}{m.group(2) or ''};"
                            if access_log else f"{m.group(1)}access_log off;", site)
@@ -323,12 +307,10 @@ def site_for_ports(site: str, listen_port: int, upstream_ports: Sequence[int],
 
 
 def main_config(folder: Path, site: Path, access_log: bool = True) -> str:
-    """A minimal nginx.conf that keeps pid, logs and temp files in ``folder`` and includes
-    ``site`` in its ``http`` block (no /etc/nginx file is read)."""
+    """A minimal nginx.conf that keeps its files in ``folder`` and includes ``site``."""
     temp_paths = "\n".join(f"    {kind}_temp_path {folder / kind};"
                            for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    # As root, nginx's workers would switch to `nobody`, who cannot write to a temp folder
-    # that was made for root.
+    # as root, workers switch to `nobody`, who cannot write to root's temp folder
     user = "user root;\n" if os.geteuid() == 0 else ""
     access = folder / "access.log" if access_log else "off"
     return (f"{user}worker_processes 1;\npid {folder / 'nginx.pid'};\n"
@@ -339,9 +321,7 @@ def main_config(folder: Path, site: Path, access_log: bool = True) -> str:
 
 
 class NginxServer(_Server):
-    """nginx (master and one worker) running the shipped deploy/nginx.conf in front of
-    ``upstream_ports``, started at once; ``access_log=False`` for the bench (no disk
-    writes per request)."""
+    """nginx running the shipped deploy/nginx.conf in front of ``upstream_ports``."""
 
     def __init__(self, folder: Path, upstream_ports: Sequence[int], *,
                  access_log: bool = True) -> None:

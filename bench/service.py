@@ -1,10 +1,7 @@
-"""Section 4: the service under the real gunicorn, against the articles' two recipes.
+"""The service under the real gunicorn against the articles' two recipes.
 
-Three servers are started the same way, one after the other (so they never share
-the CPUs), each fed the same 1080x1350 JPEG by 1, 4 and 8 concurrent clients with
-the cache and rate limit off. Ours is also checked for its first request after
-startup, CPU time per image under load (oversubscription), and its behaviour when
-more clients arrive at once than its queue admits.
+Each server in turn gets the bench photo from 1, 4 and 8 clients, cache and limit off;
+ours is also measured for its first request, CPU per image and overload.
 """
 
 from __future__ import annotations
@@ -51,8 +48,7 @@ def load_runs(server: servers.GunicornServer, url: str, data: bytes, levels: tup
 
 def measure_ours(weights: Weights, data: bytes, plan: Plan, log_dir: Path,
                  backend: str = "auto") -> dict[str, Any]:
-    """Ours with a queue deep enough for every client: first request, then each load level.
-    ``backend``: ANIMEGAN_BACKEND (auto, as served by default, or one forced)."""
+    """Ours with a queue for every client: first request, then each load level."""
     settings = {"ANIMEGAN_MAX_QUEUE": str(plan.throughput_queue),
                 "ANIMEGAN_THREADS": str(plan.throughput_threads),
                 "ANIMEGAN_BACKEND": backend}

@@ -19,8 +19,7 @@ from flask_animegan.runtime.engine import InferenceEngine
 
 from .timing import median, time_runs
 
-#: The converter's own stages (flask_animegan.convert.converter): decode includes the fit to the
-#: output size, and the inference includes the tensor conversions.
+#: The converter's stages: decode includes the fit, inference the tensor conversions.
 STAGES = ("decode", "inference", "encode")
 ENCODE_FORMATS = ("jpeg", "webp", "png")
 
@@ -37,8 +36,7 @@ def make_pipeline(models_dir: Path, style: str, precision: str,
 
 
 def pipeline_once(pipeline: Converter, data: bytes, size: int) -> tuple[dict[str, float], Any, bytes]:
-    """Convert ``data`` once as the service does; return ms per stage (and ``model``: the
-    network's own call inside that conversion), the result image, the file."""
+    """Convert ``data`` once as the service does; ms per stage and the model's, image, file."""
     style = pipeline.engine.style(None)
     model_ms = _time_forward(pipeline.engine)
     conversion = pipeline.photo(data, ConvertRequest(style, size, "jpeg"))
@@ -49,8 +47,7 @@ def pipeline_once(pipeline: Converter, data: bytes, size: int) -> tuple[dict[str
 
 
 def _time_forward(engine: InferenceEngine) -> list[float]:
-    """Record the ms of each ``engine.forward`` call from now on (the runner's call on the
-    fitted pixels), so the share outside the model comes from the same conversion."""
+    """Record each ``engine.forward`` call's ms, for the share outside the model."""
     calls: list[float] = []
     forward = type(engine).forward
 
@@ -67,8 +64,7 @@ def _time_forward(engine: InferenceEngine) -> list[float]:
 
 def measure(data: bytes, *, size: int, runs: int, models_dir: Path, style: str,
             precision: str, backend: str = "torch") -> dict[str, Any]:
-    """Median ms and share per stage of ``runs`` conversions (after one warm-up), the
-    model's own ms within them (the share outside the model), plus encode costs."""
+    """Median ms and share per stage of ``runs`` conversions, the model's own, encode costs."""
     pipeline = make_pipeline(models_dir, style, precision, backend)
     quality = pipeline.quality
     pipeline_once(pipeline, data, size)  # warm-up: kernels for this shape

@@ -1,14 +1,7 @@
-"""What a `flask` CLI command costs with the extension, against importing torch alone.
+"""What a `flask` CLI command costs with the extension, against importing torch alone
+and a bare Flask app's `--help`. ``python -m bench.startup [--runs N]``
 
-    python -m bench.startup [--runs N]
-
-``init_app`` loads no weights, runs no warm-up and makes no samples, so any `flask`
-command (here `flask --app example_app animegan --help`) should cost about what
-importing torch costs, which the extension needs anyway. The same `--help` of a bare
-Flask app shows what Flask's own CLI costs (it imports Flask and loads every installed
-`flask.commands` plugin, flask-limiter's among them), whatever the app. All three are
-timed as fresh processes, interleaved, in the same run; the report gives the medians
-and the differences (the target: at most 0.3 s beyond importing torch).
+``init_app`` loads nothing heavy, so any command should cost about torch's import.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The issue's targets, each checked against this run's figures (reported, never gated on)."""
+"""The benchmark's targets, each checked against this run's figures (reported, never gated on)."""
 
 from __future__ import annotations
 

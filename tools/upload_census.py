@@ -1,18 +1,8 @@
-"""Census of upload outcomes: every upload variant through every transport, counted by status.
+"""Census of upload outcomes: every variant of tests/upload_variants.py through every
+transport of a Flask test app, counted by status, with contract breaks and escaped errors.
 
-Builds the bodies of ``tests/upload_variants.py`` (valid files, prefixes, bit flips,
-specials), posts each through the JSON API (multipart and raw body) and the HTML form of a
-Flask test app, and prints a table: class x transport -> how many got 200/303/400/413/415/5xx,
-plus how many broke the upload contract in other ways and which exceptions escaped as 5xx.
-
-It uses whatever ``flask_animegan`` is importable, so it can measure a fix against the code
-before it::
-
-    git worktree add /tmp/before HEAD
-    cd /tmp && PYTHONPATH=/tmp/before /work/main/.venv/bin/python \\
-        /work/main/tools/upload_census.py
-
-Needs nothing else: the models folder is a temporary one holding a seeded random generator.
+It uses whichever ``flask_animegan`` is importable, so it can compare a fix with the code
+before it (``PYTHONPATH=/tmp/before python tools/upload_census.py`` on a worktree of HEAD).
 """
 
 from __future__ import annotations

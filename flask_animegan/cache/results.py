@@ -1,12 +1,8 @@
 """The result pages of form uploads (post/redirect/get), under unguessable ids.
 
-A page is one value in a :mod:`flask_animegan.cache.storage` backend: a 26-byte header
-(magic, width, height, the five fields' lengths), the MIME type, the style, the note
-(what portrait mode and the colour option did), the input shown beside the result (a
-JPEG of the fitted input) and the result. On Redis,
-``MEMORY USAGE`` counts the two images + about 130 bytes, rounded up to jemalloc's size
-class. Explicit bytes, never pickle: data in a shared Redis must not be able to run
-code here, and a value that does not parse is no page.
+A page is one value in the storage: a fixed header, then MIME type, style, note, the fitted
+input as JPEG and the result. Explicit bytes, never pickle: a shared Redis must not be able
+to run code here.
 """
 
 from __future__ import annotations
@@ -67,13 +63,8 @@ def decode_page(blob: bytes | None) -> StoredResult | None:
 
 
 class ResultStore:
-    """Results of form uploads for the post/redirect/get page, under unguessable ids.
-
-    A page lives in ``storage`` only (a private ``MemoryStorage`` of ``max_bytes``
-    without one): when the storage cannot take it (Redis down or full), :meth:`add`
-    says so and the upload answers with the page itself (views.py), so that no
-    instance ever hands out an id that the others cannot find.
-    """
+    """Results of form uploads under unguessable ids, in ``storage`` only, so no instance
+    hands out an id the others cannot find (the upload answers inline instead)."""
 
     def __init__(self, storage: Storage | None = None, *, ttl: float, max_bytes: int) -> None:
         self.storage = storage if storage is not None else MemoryStorage(max_bytes)
@@ -81,8 +72,7 @@ class ResultStore:
         self.max_bytes = max_bytes
 
     def add(self, result: StoredResult) -> str | None:
-        """Keep ``result`` for ``ttl`` seconds; returns its id (192 random bits, URL-safe),
-        or ``None`` when the storage did not take it."""
+        """Keep ``result`` for ``ttl`` seconds; its random id, or ``None`` if not stored."""
         blob = encode_page(result)
         if len(blob) + ITEM_OVERHEAD > self.max_bytes:
             raise ImageTooLarge("the result is too large to keep for its page; choose a "

@@ -1,20 +1,8 @@
 """Where jobs wait for a worker: RQ on Redis, or one thread in this process.
 
-Both run :func:`flask_animegan.jobs.work.run_job` with a job's id, one job at a time per
-worker; neither is a queue of our own making. :class:`RQQueue` is an ``rq.Queue`` that
-``flask animegan worker`` processes take jobs from, on this machine or any other that
-reaches the Redis. :class:`LocalQueue` is a bounded ``queue.Queue`` and one daemon thread
-per app process: single-machine, and its waiting jobs are lost with the process. When the
-process exits (a restart or reload of its server), the running job stops at its next frame,
-its record left to the stall rule as a dead worker's would be (:meth:`LocalQueue.stop`),
-rather than the process dying inside the network.
-:func:`open_queue` picks one from ANIMEGAN_JOB_QUEUE and fails closed: ``rq`` without a
-Redis stops the app at start.
-
-Every worker also sweeps (:meth:`JobQueue.sweep_with`): a daemon thread of the worker
-process (``flask animegan worker``, or the process of the local queue's thread, from its
-first job) runs the jobs' sweep every few seconds, which settles stalled runs that no
-client reads. RQ's own maintenance cleans RQ's registries and knows nothing of our records.
+Both run :func:`flask_animegan.jobs.work.run_job` one job at a time per worker. The local
+queue's waiting jobs are lost with its process. Every worker also runs the jobs' sweep,
+which settles stalled runs that no client reads.
 """
 
 from __future__ import annotations
@@ -60,8 +48,7 @@ class JobQueue(ABC):
         return False
 
     def sweep_with(self, sweep: Callable[[], object], every: float) -> None:
-        """What this queue's workers run every ``every`` seconds beside their jobs (the
-        jobs' sweep of stalled runs), from the first :meth:`start_sweeping`."""
+        """Set what the workers run every ``every`` seconds beside their jobs."""
         self._sweep, self._sweep_every = sweep, every
 
     def start_sweeping(self) -> None:
@@ -83,13 +70,11 @@ class JobQueue(ABC):
 
     @abstractmethod
     def enqueue(self, job_id: str, attempt: int = 0) -> None:
-        """Queue the job's ``attempt``-th run; :class:`Overloaded` (503) when
-        ANIMEGAN_JOB_MAX_QUEUE jobs already wait or the queue is unreachable."""
+        """Queue the job's ``attempt``-th run; :class:`Overloaded` when full or unreachable."""
 
     @abstractmethod
     def cancel(self, job_id: str, attempt: int = 0) -> None:
-        """Take a waiting job out of the queue where the queue can; a running one stops at
-        its next frame through its record's cancel flag (:meth:`JobStore.request_cancel`)."""
+        """Take a waiting job out where the queue can (a running one stops on its record's flag)."""
 
     @abstractmethod
     def queued_count(self) -> int:
@@ -101,11 +86,7 @@ class JobQueue(ABC):
 
 
 class LocalQueue(JobQueue):
-    """A bounded queue and one daemon thread of this process running ``runner(job_id)``.
-
-    The thread starts with the first job. ``runner`` runs the job in the app's context
-    (the extension's wiring makes it); one job at a time, so a job's frames wait for the
-    model as the photos of the web requests do (the same inference gate)."""
+    """A bounded queue and one daemon thread running ``runner(job_id)`` in the app's context."""
 
     kind = "local"
     #: Seconds :meth:`stop` waits, at exit, for the running job to reach its next frame.
@@ -143,14 +124,8 @@ class LocalQueue(JobQueue):
         return self._stop.is_set()
 
     def stop(self, wait: float = STOP_WAIT) -> None:
-        """Take no job any more and wait up to ``wait`` seconds for the running one to stop
-        at its next frame (:func:`atexit` calls it). Its record is left as it is, so the
-        stall rule gives it another run or fails it, as for a worker that died; queued
-        jobs stay queued (lost with the process, or swept from a shared store).
-
-        Without this, the interpreter's exit would tear down the network's threads under
-        the job's thread, which aborts the process (``terminate called without an active
-        exception``, SIGABRT)."""
+        """At exit: take no more jobs and let the running one stop at its next frame (its
+        record is left to the stall rule); without this, exit aborts the process."""
         self._stop.set()
         thread = self._thread
         if thread is not None and self.running is not None:
@@ -182,10 +157,8 @@ class LocalQueue(JobQueue):
 
 
 class RQQueue(JobQueue):
-    """An ``rq.Queue`` named ``animegan`` on the Redis at ``uri``.
-
-    Each run of a job is an RQ job of its own (``<id>-<attempt>``), so that a run requeued
-    after its worker died never meets what RQ still keeps of the dead run."""
+    """An ``rq.Queue`` named ``animegan``; each run is its own RQ job (``<id>-<attempt>``),
+    so a requeued run never meets what RQ keeps of a dead one."""
 
     kind = "rq"
 
@@ -260,9 +233,8 @@ class RQQueue(JobQueue):
                     "max_queue": self.max_queue}
 
     def work(self, *, burst: bool = False, name: str | None = None) -> None:
-        """Take jobs from this queue until stopped, in this process (``SimpleWorker``: no
-        fork per job, so the model loaded at warm-up serves every job; one job at a time
-        is one inference at a time). ``flask animegan worker`` calls it in the app context."""
+        """Run jobs in this process until stopped (``SimpleWorker``: no fork, so the warm
+        model serves every job); ``flask animegan worker`` calls it."""
         import redis
         from rq import SimpleWorker
 
@@ -274,8 +246,7 @@ class RQQueue(JobQueue):
 
 
 def open_queue(settings: Settings, runner: Callable[[str], None]) -> JobQueue:
-    """The queue ANIMEGAN_JOB_QUEUE names (``auto``: RQ when the jobs' storage is Redis);
-    :class:`SettingError` for ``rq`` without a Redis or without the ``rq`` package."""
+    """The queue ANIMEGAN_JOB_QUEUE names; SettingError for ``rq`` without Redis or rq."""
     uri = settings.result_storage
     kind = settings.job_queue_kind
     if kind == "local":

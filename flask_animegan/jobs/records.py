@@ -1,23 +1,8 @@
 """What a job is and where it lives: :class:`JobRecord`, kept by :class:`JobStore`.
 
-A job's record, its upload, its result and its preview are bytes in the storage seam
-(:class:`~flask_animegan.cache.storage.Storage`: ``memory://`` in this process, or the
-Redis every instance and worker reaches), each under a key with a TTL:
-
-* ``job:<id>``: the record, JSON (renewed at each update, so a running job never expires);
-* ``job:<id>:input``: the upload, kept until the job ends, then overwritten by an empty
-  value that expires at once;
-* ``job:<id>:result`` and ``job:<id>:preview``: the output and its JPEG still;
-* ``job:<id>:cancel``: set by a cancel, read by the worker between frames (a key of its
-  own, so a worker's progress update never overwrites a cancel);
-* ``job:<id>:claim:<what>``: a short-lived claim (``SET NX``): of several workers or readers
-  taking the same step of a job (starting run n, settling run n), one wins;
-* ``client:<digest>``: the newest job ids of one client, to count its unfinished jobs;
-* ``jobs:started``: the ids of the newest runs started, which the sweep looks through for
-  stalled ones (:meth:`Jobs.sweep <flask_animegan.jobs.work.Jobs.sweep>`).
-
-Ids are ``secrets.token_urlsafe(24)`` (192 random bits): a job is reachable only by its id.
-The client is stored as a keyed digest of the rate-limit key, never the address itself.
+A job's record, upload, result, preview, cancel flag and claims are keys with a TTL in the
+storage seam (``job:<id>...``), plus a per-client list and the list of started runs that
+the sweep reads. Ids are 192 random bits; clients are stored as keyed digests.
 """
 
 from __future__ import annotations
@@ -39,8 +24,7 @@ from ..cache.storage import Storage
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{32}")
 #: The newest jobs of a client kept in its list (its unfinished ones are counted there).
 CLIENT_LIST_CAP = 32
-#: The newest runs the sweep looks through: a run is found stalled as long as fewer than
-#: this many runs started after it, within its stall time (every worker of every machine).
+#: The newest runs the sweep looks through for stalled ones (across every worker).
 STARTED_LIST_CAP = 256
 STARTED_INDEX = "jobs:started"
 #: Seconds an overwritten upload lingers (a TTL of 0 stores nothing on every backend).
@@ -60,8 +44,7 @@ UNFINISHED = (JobState.QUEUED, JobState.RUNNING)
 
 @dataclass
 class JobRecord:
-    """One job as the API reports it; times are Unix seconds (``time.time()``: workers on
-    other machines must keep their clocks in step, as NTP does)."""
+    """One job as the API reports it; times are Unix seconds (clocks kept in step by NTP)."""
 
     id: str
     state: JobState
@@ -120,8 +103,7 @@ class JobStore:
         self._secret = secret
 
     def client_digest(self, client: str) -> str:
-        """The digest a record keeps of a client's rate-limit key (keyed with the app's
-        SECRET_KEY, so whoever reads the storage cannot list who sent what)."""
+        """The keyed digest a record keeps of a client, so the storage never lists who sent what."""
         return hmac.new(self._secret, client.encode(), hashlib.sha256).hexdigest()[:32]
 
     # -- records ---------------------------------------------------------------------
@@ -158,15 +140,13 @@ class JobStore:
         return self.storage.set(self._key(record.id), record.to_bytes(), self.ttl)
 
     def start(self, record: JobRecord) -> bool:
-        """Store ``record``, a run just started, and list it among the started runs (what
-        the sweep reads); False when the storage refused it."""
+        """Store a just-started run and list it for the sweep; False when refused."""
         return self.storage.set_indexed(self._key(record.id), record.to_bytes(),
                                         index=STARTED_INDEX, member=record.id.encode(),
                                         ttl=self.ttl, cap=STARTED_LIST_CAP)
 
     def claim(self, job_id: str, step: str, ttl: float) -> bool:
-        """Whether this caller is the one to take ``step`` of the job (the first to ask
-        within ``ttl`` seconds); False also when the storage is unavailable."""
+        """Whether this caller takes ``step`` (first within ``ttl``); False if unavailable."""
         return self.storage.add(self._key(job_id, f"claim:{step}"), b"1", ttl)
 
     def client_jobs(self, client: str) -> list[JobRecord]:
@@ -175,8 +155,7 @@ class JobStore:
         return self._records(self.storage.index(f"client:{digest}", CLIENT_LIST_CAP))
 
     def started(self) -> list[JobRecord]:
-        """The records of the newest runs started (STARTED_LIST_CAP at most) that are
-        still running as stored, newest first."""
+        """The newest started runs still running as stored, newest first."""
         return [record for record in
                 self._records(self.storage.index(STARTED_INDEX, STARTED_LIST_CAP))
                 if record.state == JobState.RUNNING]
@@ -185,7 +164,7 @@ class JobStore:
         ids = dict.fromkeys(member.decode(errors="replace") for member in members)
         return [record for job_id in ids if (record := self.get(job_id)) is not None]
 
-    # -- cancelling ------------------------------------------------------------------
+    # -- cancelling: a key of its own, so a worker's progress update never overwrites it
     def request_cancel(self, job_id: str) -> bool:
         return self.storage.set(self._key(job_id, "cancel"), b"1", self.ttl)
 

@@ -1,26 +1,9 @@
 """Which frames of a job repeat the last converted one, so that its result is reused.
 
-The rule (docs/benchmark.md, section 8): a frame is converted again unless it has the
-last converted frame's size, its pixels are on average at most :data:`SHIFT_LEVELS`
-levels brighter or darker than that frame's, no 8x8 block of it differs from that frame
-by more than :data:`BLOCK_LEVELS` levels on average (mean absolute difference over the
-block's pixels and channels), and its perceptual hash is within :data:`PHASH_BITS` bits
-of that frame's.
-
-It is not the cache's "same photo" rule (``cache.fingerprint``), which is made for
-privacy across clients and is too strict for one video: H.264 refines a held shot's
-picture frame by frame (at x264's default crf 23 its frames exceed that rule by up to
-1.9x). Within one job there is no privacy question, only whether converting the frame
-again would give a visibly different result. The frame is always compared with the last
-*converted* frame, never the previous one, so a slow change cannot creep past the rule
-one small step at a time: a reused result is never further from its frame than the rule
-allows. bench/jobs.py chose the numbers on generated H.264 clips (its figures are in
-docs/benchmark.md, section 8): a held shot's frames at crf 18-28 stay within 0.2 levels
-of shift and, but for a few at crf 28, 5 levels in the worst block, while a pan of
-0.5 px a frame, a zoom of 0.5 % a frame, a box of 5 % of the picture moving 1 px a frame
-and a fade to black over 4 s move the worst block or the shift past them. The cost: a
-change slower than that (a pan of 0.25 px a frame) is shown in steps of at most the
-rule's limits.
+A frame repeats when it has the same size, its mean shifts at most ``SHIFT_LEVELS``, no 8x8
+block differs by more than ``BLOCK_LEVELS`` and its pHash is within ``PHASH_BITS``. Frames are
+compared with the last *converted* frame, so a slow change cannot creep past the rule. Looser
+than the cache's rule, which guards privacy across clients (docs/benchmark.md, jobs).
 """
 
 from __future__ import annotations
@@ -42,8 +25,7 @@ HASH_SIZE = 16  # ANIMEGAN_PHASH_SIZE's default: the hash the cache keeps
 
 @dataclass
 class Picture:
-    """A fitted frame as the rule compares it: its pixels and (computed when first
-    needed) its perceptual hash."""
+    """A fitted frame's pixels and its perceptual hash (computed when first needed)."""
 
     pixels: np.ndarray  # height x width x 3, uint8
     _phash: int | None = field(default=None, repr=False)
@@ -80,9 +62,7 @@ class Difference:
 
 
 def difference(frame: Picture, anchor: Picture) -> Difference | None:
-    """The rule's measures between ``frame`` and ``anchor`` (the last converted frame);
-    None when their sizes differ (never a repeat). The phash, the dearest measure, is
-    computed only when the pixels pass."""
+    """The rule's measures from ``anchor`` (None for another size); pHash only if needed."""
     if frame.pixels.shape != anchor.pixels.shape:
         return None
     signed = frame.pixels.astype(np.int16) - anchor.pixels.astype(np.int16)
@@ -90,8 +70,7 @@ def difference(frame: Picture, anchor: Picture) -> Difference | None:
     per_pixel = np.abs(signed).mean(axis=2, dtype=np.float32)
     height, width = per_pixel.shape
     rows, columns = -(-height // BLOCK), -(-width // BLOCK)
-    # the last row and column of blocks may be partial: pad with the edge, so a change
-    # there is measured over the pixels it has rather than diluted by zeros
+    # pad partial edge blocks with the edge, so a change there is not diluted by zeros
     padded = np.pad(per_pixel, ((0, rows * BLOCK - height), (0, columns * BLOCK - width)),
                     mode="edge")
     worst = float(padded.reshape(rows, BLOCK, columns, BLOCK).mean(axis=(1, 3)).max())

@@ -1,8 +1,6 @@
 """Portrait mode: faces found, aligned by their eyes, converted with a face style, pasted back.
 
-Light to import: OpenCV (the detector, ``opencv-python-headless``) and NumPy load on the
-first call, never at import; no torch, no Flask. The pipeline calls these with its own
-converter (a callable from a PIL picture to a PIL picture).
+Light to import: OpenCV and NumPy load on the first call; no torch, no Flask.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Aligning a face by its eyes into the square crop the face styles were trained on.
-
-The face styles (face_paint_512_v1/v2, celeba_distill) learnt on FFHQ-style crops: the eye
-line level, the crop's side four times the distance between the eyes, its centre a little
-below the eyes. FFHQ's rule also uses the mouth; with the eyes alone the mouth is taken
-where it sits on an average face (as far below the eyes as they are apart).
+"""Aligning a face by its eyes into the FFHQ-style square crop the face styles learnt on
+(eyes level, side four eye distances); the mouth is placed where an average face has it.
 """
 
 from __future__ import annotations
@@ -41,8 +37,7 @@ def crop_matrix(face: Face, crop_size: int) -> np.ndarray:
 
 
 def align_face(picture: Image.Image, face: Face, crop_size: int = 512) -> Image.Image:
-    """The face cut from ``picture`` (RGB) into a ``crop_size`` square, eyes level; parts of
-    the crop beyond the picture are black (they fall outside it again when pasted back)."""
+    """The face cut into a ``crop_size`` square, eyes level (black beyond the picture)."""
     matrix = crop_matrix(face, crop_size)
     coefficients = tuple(float(v) for v in matrix[:2].reshape(-1))
     return picture.convert("RGB").transform(

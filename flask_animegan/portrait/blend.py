@@ -1,8 +1,5 @@
-"""Pasting converted faces back: each warped from its crop into the picture, feathered.
-
-The mask is an ellipse about the face in the crop's frame, full inside ``INNER`` of its radii
-and falling to zero along a raised-cosine ramp at its edge, so the face style's picture meets
-the scene style's over a band a fifth of the face wide rather than along a line.
+"""Pasting converted faces back: each warped from its crop into the picture, feathered
+by an elliptic raised-cosine mask, so the two styles meet over a band, not a line.
 """
 
 from __future__ import annotations
@@ -72,8 +69,7 @@ def _paste(result: np.ndarray, face: Face, crop: Image.Image, crop_size: int) ->
 
 def paste_faces(picture: Image.Image, faces: list[Face], scene: Image.Image,
                 convert_face: Callable[[Image.Image], Image.Image], crop_size: int = 512) -> Image.Image:
-    """``scene`` (the whole ``picture`` converted, same size) with each face of ``picture``
-    converted by ``convert_face`` in its aligned crop and pasted back over it, feathered."""
+    """``scene`` with each face of ``picture`` converted in its aligned crop and pasted back."""
     scene = scene.convert("RGB")
     if scene.size != picture.size:
         scene = scene.resize(picture.size, Image.Resampling.BICUBIC)
@@ -86,9 +82,8 @@ def paste_faces(picture: Image.Image, faces: list[Face], scene: Image.Image,
 
 
 def seam_ratio(output: Image.Image, face: Face, crop_size: int = 512) -> float:
-    """The gradient energy (mean squared luma gradient) of ``output`` along the feather's
-    band about ``face`` over that of the face's interior, both in the face's crop frame:
-    about 1 where the paste leaves no seam, higher where a line shows."""
+    """Luma gradient energy along the feather band over the face's interior: about 1
+    without a seam, higher where a line shows."""
     crop = np.asarray(align_face(output, face, crop_size).convert("L"), dtype=np.float32)
     gy, gx = np.gradient(crop)
     energy = gx * gx + gy * gy

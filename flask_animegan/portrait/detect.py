@@ -1,10 +1,7 @@
 """Finding faces: OpenCV's frontal Haar cascade on rolled copies, eyes by its eye cascade.
 
-Haar cascades are upright detectors (about +-10 degrees of roll), so the picture is searched
-as it is and turned by ``ROLLS``; detections of one face from several turns are merged into
-the strongest. The work is bounded: the search runs on a copy at most ``DETECT_SIDE`` px on
-its long side, and at most ``max_faces`` faces come back. docs/portrait.md says why this
-detector (measured against dlib's HOG) and what the box means.
+The upright cascade is run on the picture turned by each of ``ROLLS``, on a copy bounded by
+``DETECT_SIDE``, and duplicates merge. docs/portrait.md says why this detector.
 """
 
 from __future__ import annotations
@@ -18,19 +15,16 @@ from PIL import Image
 
 from .face import MAX_FACES, Face
 
-#: The long side of the copy the search runs on (a larger picture is scaled down first).
+#: The long side of the copy the search runs on.
 DETECT_SIDE = 1280
-#: The picture's turns searched, in degrees: with the cascade's own tolerance they cover
-#: faces rolled by up to about +-25 degrees.
+#: The turns searched, in degrees (with the cascade's tolerance: about +-25 degrees).
 ROLLS = (0.0, -10.0, 10.0, -20.0, 20.0)
 #: The smallest face the cascade can see, in px of the searched copy (its window is 24 px).
 CASCADE_WINDOW = 24
-#: Where the eyes sit in an upright face box (fractions of its side), measured on the
-#: corpus's sources; used when the eye cascade finds no pair.
+#: Where the eyes sit in an upright face box, used when the eye cascade finds no pair.
 EYE_X = (0.30, 0.70)
 EYE_Y = 0.38
-#: A found face is kept only if at least this share of its box's centre is skin-coloured
-#: (in a colour photo) and its box lies within the picture but for this share of its side.
+#: A face's least skin-coloured share of its centre, and how far its box may pass the edge.
 SKIN_SHARE = 0.4
 EDGE_SHARE = 0.0
 SEEN_TURNS = 3
@@ -54,8 +48,7 @@ def _cascades() -> tuple[Any, Any, Any, Any]:
 
 
 def _turned(gray: np.ndarray, degrees: float) -> tuple[np.ndarray, np.ndarray]:
-    """``gray`` turned by ``degrees`` counter-clockwise on a canvas that holds it all, and the
-    2x3 matrix from the turned canvas back to ``gray``'s pixels."""
+    """``gray`` turned by ``degrees`` on a canvas that holds it, and the matrix back."""
     import cv2
 
     height, width = gray.shape
@@ -73,8 +66,7 @@ def _turned(gray: np.ndarray, degrees: float) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _eyes(upright: np.ndarray, x: int, y: int, side: int) -> tuple[tuple[float, float], tuple[float, float]] | None:
-    """The pupils of the face at ``x, y, side`` in the upright ``upright``: a pair found by the
-    eye cascade in the upper part of the face, one each side, roughly level; else None."""
+    """The pupils of the face at ``x, y, side``: a level pair in its upper part, or None."""
     import cv2
 
     top = upright[y + side // 6: y + side * 3 // 5, x: x + side]
@@ -110,8 +102,7 @@ def _pair(found: Any, scale: float, x: int, y: int, side: int) -> tuple[tuple[fl
 
 
 def _confirmed(upright: np.ndarray, x: int, y: int, side: int) -> bool:
-    """Whether the second cascade (alt2, boosted apart from the first) also sees a face of
-    about this size here: the two seldom make the same mistake on a texture."""
+    """Whether the second cascade also sees this face: the two seldom err alike."""
     pad = side // 3
     height, width = upright.shape
     region = upright[max(0, y - pad): min(height, y + side + pad), max(0, x - pad): min(width, x + side + pad)]
@@ -131,8 +122,7 @@ def _skin_share(rgb: np.ndarray) -> float:
 
 
 def _inside(cx: float, cy: float, side: float, shape: tuple[int, ...]) -> bool:
-    """Whether a face box centred at cx, cy lies (nearly) within the picture: a box far over
-    the edge is a cascade's mistake on the border far more often than a cut face."""
+    """Whether a face box lies (nearly) within the picture: far over the edge is a mistake."""
     height, width = shape[:2]
     margin = side * (0.5 - EDGE_SHARE)
     return margin <= cx <= width - margin and margin <= cy <= height - margin
@@ -144,8 +134,7 @@ def _apply(matrix: np.ndarray, point: tuple[float, float]) -> tuple[float, float
 
 
 def find_faces(image: Image.Image, *, min_size: int, max_faces: int = MAX_FACES) -> list[Face]:
-    """The faces in ``image`` whose box side is ``min_size`` px or more, strongest first, at
-    most ``max_faces``; an empty list for a picture with none (flat, black or tiny too)."""
+    """Faces of at least ``min_size`` px in ``image``, strongest first, at most ``max_faces``."""
     import cv2
 
     width, height = image.size
@@ -201,8 +190,7 @@ def find_faces(image: Image.Image, *, min_size: int, max_faces: int = MAX_FACES)
             eyes = ((x + EYE_X[0] * w, y + EYE_Y * w), (x + EYE_X[1] * w, y + EYE_Y * w))
         left = _apply(back, eyes[0])
         right = _apply(back, eyes[1])
-        # the roll seen: the eye line's slope (y grows downwards, so a counter-clockwise roll
-        # lifts the right eye)
+        # the roll is the eye line's slope (y grows downwards)
         angle = math.degrees(math.atan2(left[1] - right[1], right[0] - left[0]))
         left = (left[0] / scale, left[1] / scale)
         right = (right[0] / scale, right[1] / scale)

@@ -14,15 +14,13 @@ NONCOMMERCIAL = ("non-commercial use only (converted from the original AnimeGANv
                  "weights by TachibanaYoshino)")
 UPSTREAM_PORT = "MIT (bryandlee/animegan2-pytorch)"
 
-#: Style names are plain identifiers; anything else never reaches a file path.
-#: Always use ``STYLE_NAME.fullmatch`` (``match`` with ``$`` accepts a trailing newline).
+#: Style names are plain identifiers, so none reaches a file path; use ``fullmatch``.
 STYLE_NAME = re.compile(r"[a-z0-9][a-z0-9_\-]{0,63}")
 
 
 @dataclass(frozen=True)
 class StyleInfo:
-    """What we know of a style: an official or configured one that can be pulled (``sha1``,
-    ``url``), a file in the models folder (``path``), or both."""
+    """A style that can be pulled (``sha1``, ``url``), is installed (``path``), or both."""
 
     name: str
     licence: str
@@ -59,9 +57,8 @@ OFFICIAL_STYLES: dict[str, StyleInfo] = {
 }
 
 
-#: Styles that ship in the package (not pullable; ``flask_animegan/shipped_styles/``): what
-#: the page says about them. A models folder may hold a file of the same name that could be
-#: anything, so no hash is implied.
+#: Styles shipped in the package: what the page says of them (no hash: a models folder
+#: may hold another file of that name).
 SHIPPED_STYLES: dict[str, StyleInfo] = {
     "toon_demo": StyleInfo("toon_demo",
                            "MIT (this project; model card: flask_animegan/shipped_styles/README.md)",
@@ -72,8 +69,7 @@ SHIPPED_STYLES: dict[str, StyleInfo] = {
 
 
 def describe(name: str, path: Path, catalog: Mapping[str, StyleInfo]) -> StyleInfo:
-    """The StyleInfo of a weights file found as ``path``: what the catalogue (or the
-    shipped list) says of ``name``, else an unknown file's description."""
+    """The StyleInfo of a weights file at ``path``, from the catalogue when it knows it."""
     known = catalog.get(name) or SHIPPED_STYLES.get(name)
     if known is None:
         known = StyleInfo(name, "unknown (a file you installed)", "")

@@ -25,12 +25,8 @@ def pull_style(style: StyleInfo, models_dir: Path, *, base_url: str | None = Non
                on_start: Callable[[int | None], None] = lambda total: None,
                on_chunk: Callable[[int], None] = lambda n: None,
                timeout: float = 30.0) -> Path:
-    """Download ``style`` into ``models_dir`` and return the installed path.
-
-    The file is written to a temporary file in ``models_dir``, its git blob SHA-1
-    is checked against the pin, and only then is it renamed into place, so a
-    failed or tampered download never leaves a file behind.
-    """
+    """Download ``style`` into ``models_dir``; renamed into place only once its pin
+    matches, so a failed or tampered download leaves nothing. Returns the path."""
     url = style.download_url(base_url)
     models_dir.mkdir(parents=True, exist_ok=True)
     target = models_dir / f"{style.name}.pt"

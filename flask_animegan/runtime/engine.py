@@ -1,9 +1,5 @@
-"""The inference engine: installed styles, loaded models, backend, precision and the queue.
-
-Each part has its module (``styles``, ``models``, ``backends``, ``precision``, ``gate``);
-the engine picks the backend and precision, runs a fitted image through a style and
-reports its state.
-"""
+"""The inference engine: picks the backend and precision, runs a fitted image through a
+style and reports its state (styles, models, backends, precision and gate do the parts)."""
 
 from __future__ import annotations
 
@@ -50,9 +46,8 @@ log = logging.getLogger("flask_animegan")
 
 #: Smallest side the network accepts; smaller inputs are edge-padded, then cropped back.
 MIN_SIDE = 16
-#: Seconds without a conversion after which OpenVINO's buffers (sized for the largest
-#: picture so far: ~0.4 GB at 512 px, ~1.2 GB at 1024 px) go back to the system. Not
-#: after each conversion: making them again costs ~15 % of the next one.
+#: Seconds without a conversion after which OpenVINO's buffers go back to the system
+#: (not after each one: remaking them slows the next; docs/deployment.md).
 IDLE_RELEASE_S = 3.0
 
 
@@ -65,13 +60,8 @@ class EngineEvents(Protocol):
 
 
 class InferenceEngine:
-    """Runs the styles of ``models_dir`` (and the shipped ones), one inference at a time.
-
-    The settings come from :class:`flask_animegan.config.Settings` (the caller passes
-    them); nothing heavy happens until :meth:`prepare` or the first conversion.
-    ``backend`` and ``precision`` set to ``auto`` run on torch fp32 until
-    :meth:`prepare` has timed the candidates on this CPU.
-    """
+    """Runs the installed styles, one inference at a time; nothing heavy happens (and
+    ``auto`` serves torch fp32) until :meth:`prepare` or the first conversion."""
 
     def __init__(self, models_dir: Path, *, catalog: dict[str, StyleInfo],
                  default_style: str | None, max_loaded: int, max_queue: int,
@@ -185,8 +175,7 @@ class InferenceEngine:
 
     # -- loading a style -------------------------------------------------------------
     def _load_style(self, style: StyleInfo) -> LoadedStyle:
-        """Load ``style``'s weights and make its runner with the engine's choice; a runner
-        that fails the fidelity guard (or to build) leaves the style on torch fp32."""
+        """Load ``style`` and make its runner; one failing the fidelity guard falls back to fp32."""
         assert style.path is not None, "only installed styles are loaded"
         return self._loaded(style.path, load_generator(style.path), self.choice)
 
@@ -222,13 +211,9 @@ class InferenceEngine:
 
     # -- getting ready ---------------------------------------------------------------
     def prepare(self, warmup_size: int) -> tuple[nn.Module | None, str | None]:
-        """Load the default style, settle ``auto`` backend and precision, and run one
-        warm-up inference.
+        """Load the default style, settle ``auto`` and warm up, once.
 
-        Done once (later calls return at once): in the serving process before it takes
-        requests, or by the first conversion. Returns (the default's torch network,
-        None) or (None, why not).
-        """
+        Returns (the default's network, None) or (None, why not)."""
         with self._prepare_lock:
             if self.prepared:
                 pinned = self.pool.pinned_model
@@ -267,8 +252,7 @@ class InferenceEngine:
         return found
 
     def _choose(self, side: int) -> None:
-        """Settle ``auto``: time the candidates on the default style here, keep the fastest
-        that passes the fidelity guard (torch fp32 needs none)."""
+        """Settle ``auto``: the fastest candidate that passes the fidelity guard."""
         candidates = self.candidates()
         default = self.style(None)
         assert default.path is not None
@@ -290,8 +274,7 @@ class InferenceEngine:
             if choice == self.choice:
                 loaded[choice] = pinned
                 continue
-            # others read the pinned fp32 network (OpenVINO converts a copy); torch
-            # converts its network in place, so it gets its own
+            # torch converts its network in place, so it gets its own copy
             reuse = self.choice == REFERENCE and choice.backend != "torch"
             network = pinned.network if reuse else load_generator(default.path)
             loaded[choice] = self._loaded(default.path, network, choice)
@@ -299,8 +282,7 @@ class InferenceEngine:
         self.rejected = {str(choice): style.note for choice, style in loaded.items()
                          if style.note is not None}
         if self.requested_precision == "int8":
-            # explicit: INT8 it is, each style behind its own guard (one that fails it,
-            # the default included, is served in its backend's fp32: _loaded)
+            # explicit INT8: each style has its own guard, failing ones serve fp32 (_loaded)
             self.choice = candidates[0]
             self.pool.replace_pinned(loaded[self.choice])
             return
@@ -340,19 +322,15 @@ class InferenceEngine:
 
     @property
     def precision_timings(self) -> dict[str, float]:
-        """Seconds per torch precision, when ``auto`` timed more than one (/healthz field
-        from before the backends; ``backend_timings`` has every candidate)."""
+        """Seconds per torch precision that ``auto`` timed (an older /healthz field)."""
         torch_only = {name.split()[1]: seconds for name, seconds in self.timings.items()
                       if name.startswith("torch ")}
         return torch_only if len(torch_only) > 1 else {}
 
     def run(self, image: Image.Image, style: str | None = None, *,
             tiled: bool = False) -> Image.Image:
-        """Convert an RGB image with ``style``; waits in the queue for the model.
-
-        ``tiled``: run the style's torch network in overlapping tiles (``tiles.py``), in
-        memory bounded whatever the picture's size, instead of its runner on the whole.
-        """
+        """Convert an RGB image with ``style``, waiting for the gate; ``tiled`` runs the
+        torch network in overlapping tiles, in bounded memory."""
         chosen = self.style(style)
         pixels = np.array(image.convert("RGB") if image.mode != "RGB" else image, np.uint8)
         with self.gate.slot():
@@ -391,10 +369,8 @@ class InferenceEngine:
             pass  # busy after all: the next idle moment will do
 
     def forward(self, runner: Runner, pixels: np.ndarray) -> np.ndarray:
-        """Run ``runner`` on uint8 (H, W, 3) pixels, edge-padding sides under MIN_SIDE,
-        then reflect-padding both sides to a multiple of ``pad_multiple``
-        (ANIMEGAN_PAD_MULTIPLE), and cropping back. Returns float32 (H, W, 3) in about
-        [-1, 1]."""
+        """Run ``runner`` on uint8 pixels padded to MIN_SIDE and ``pad_multiple``, then
+        cropped back; returns float32 (H, W, 3) in about [-1, 1]."""
         height, width = pixels.shape[:2]
         pad_h, pad_w = max(0, MIN_SIDE - height), max(0, MIN_SIDE - width)
         if pad_h or pad_w:
@@ -431,8 +407,7 @@ class InferenceEngine:
 
 
 def padded_to_multiple(pixels: np.ndarray, multiple: int) -> np.ndarray:
-    """uint8 (H, W, 3) ``pixels`` reflect-padded at the bottom and right to sides that are
-    multiples of ``multiple`` (the same array when they are already)."""
+    """``pixels`` reflect-padded at the bottom and right to multiples of ``multiple``."""
     more_h, more_w = -pixels.shape[0] % multiple, -pixels.shape[1] % multiple
     if not more_h and not more_w:
         return pixels
@@ -440,9 +415,7 @@ def padded_to_multiple(pixels: np.ndarray, multiple: int) -> np.ndarray:
 
 
 def _give_back_memory(runner: Runner) -> None:
-    """After the start's timings and checks: OpenVINO's buffers for the warm-up shape and
-    the heap that torch's candidates used go back to the system (worker RSS); the
-    first request makes the buffers it needs again."""
+    """Return the warm-up's OpenVINO buffers and torch heap to the system (worker RSS)."""
     release = getattr(runner, "release_memory", None)
     if release is not None:
         release()  # a no-op while another app of this process runs the same model

@@ -1,9 +1,5 @@
-"""The AnimeGANv2 generator network.
-
-Parameter-for-parameter compatible with the public PyTorch port
-(github.com/bryandlee/animegan2-pytorch, ``model.py``, MIT licence): the same
-module names (``block_a`` ... ``block_e``, ``out_layer``), state-dict keys and
-shapes, so its published ``.pt`` state dicts load with ``strict=True``.
+"""The AnimeGANv2 generator network, key-for-key compatible with the public PyTorch port
+(bryandlee/animegan2-pytorch, MIT), so its published state dicts load with ``strict=True``.
 """
 
 from __future__ import annotations
@@ -19,9 +15,7 @@ _Module = TypeVar("_Module", bound=nn.Module)
 
 
 def in_layout(network: _Module, memory_format: torch.memory_format) -> _Module:
-    """``network`` with its weights in ``memory_format`` (torch.channels_last: oneDNN's
-    fast path), changed in place. The stubs of some torch releases lack Module.to's
-    ``memory_format`` keyword, which every release takes."""
+    """``network`` with its weights in ``memory_format``, in place (some stubs lack it)."""
     to: Callable[..., nn.Module] = network.to
     to(memory_format=memory_format)
     return network

@@ -47,12 +47,8 @@ Loader = Callable[[StyleInfo], LoadedStyle]
 
 
 class ModelPool:
-    """Loaded styles by name, made by ``loader``.
-
-    ``pinned`` (the default style) is never evicted; up to ``max_loaded`` others stay
-    loaded, least recently used first out. A file that failed to load is retried only
-    once it has changed.
-    """
+    """Loaded styles by name: ``pinned`` never evicted, ``max_loaded`` others in LRU order,
+    a broken file retried only once it changed."""
 
     def __init__(self, *, max_loaded: int, pinned: str | None, loader: Loader,
                  events: LoadEvents | None = None) -> None:
@@ -63,8 +59,7 @@ class ModelPool:
         self._models: LRUCache[str, LoadedStyle] = LRUCache(maxsize=max_loaded)
         # name -> (public message, details for the log and the CLI, file mtime)
         self._broken: dict[str, tuple[str, str, float | None]] = {}
-        # One load at a time (_loading, held for seconds); the table of loaded styles has
-        # a lock of its own, held for microseconds, so /healthz never waits for a load.
+        # one load at a time; the table has its own short lock, so /healthz never waits
         self._loading = threading.Lock()
         self._table = threading.Lock()
 
@@ -108,11 +103,7 @@ class ModelPool:
             self._models.clear()  # others reload with the engine's new choice
 
     def mark_broken(self, style: StyleInfo, details: str) -> str:
-        """Record that ``style`` cannot serve; returns the public message.
-
-        The details (with the file's path) go to the log and ``flask animegan styles``;
-        visitors only learn that the style is unavailable.
-        """
+        """Record that ``style`` cannot serve; the public message (paths stay in the log)."""
         public = (f"style {style.name!r} is unavailable: its weights cannot be used. "
                   "The server's log says why; choose another style")
         if self._broken.get(style.name, ("", ""))[1] != details:

@@ -29,13 +29,8 @@ def timing_pixels(side: int) -> np.ndarray:
 
 def fastest(candidates: Mapping[str, Callable[[np.ndarray], object]], side: int,
             runs: int = 2) -> tuple[list[str], dict[str, float]]:
-    """Time each candidate on a side x side picture, best of ``runs`` rounds taken in turn
-    (so a busy moment hits all of them): (their names, fastest first; the seconds).
-
-    CPU flags do not tell: with AVX512-BF16 but no AMX, some CPUs run bf16
-    convolutions slower than fp32 (measured on an Intel Xeon: 1.47 s vs 1.30 s
-    at 512 px), while others run them twice as fast (AMD Zen 4).
-    """
+    """Time each candidate, best of ``runs`` rounds in turn (CPU flags cannot tell:
+    docs/benchmark.md); (names fastest first, seconds)."""
     pixels = timing_pixels(side)
     for run in candidates.values():
         run(pixels)  # first call: oneDNN / OpenVINO build their kernels for this shape

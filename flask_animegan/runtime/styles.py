@@ -12,24 +12,17 @@ from .weights import find_style_files, skipped_style_files
 
 log = logging.getLogger("flask_animegan")
 
-#: Without ANIMEGAN_DEFAULT_STYLE the first installed of these is the default, else the
-#: models folder's first style alphabetically, else a shipped one (``toon_demo``): any
-#: style someone installed beats the demo that came with the package.
+#: The default without ANIMEGAN_DEFAULT_STYLE: the first of these installed, else the
+#: folder's first style, else a shipped one (an installed style beats the demo).
 PREFERRED_DEFAULTS = ("paprika", "face_paint_512_v2")
 
-#: Styles that ship inside the package (package data, with their model card and licence),
-#: served whatever the models folder; a file of the same name in the models folder wins.
+#: Styles shipped in the package; a file of the same name in the models folder wins.
 SHIPPED_STYLES_DIR = Path(__file__).resolve().parent.parent / "shipped_styles"
 
 
 class StyleRegistry:
-    """The ``NAME.pt`` files of ``models_dir`` and of ``shipped_dir``, described from the
-    catalogue.
-
-    The default style is fixed when the registry is made: files that appear later
-    (``flask animegan pull``) are found by name, but never change which style a
-    request without ``style`` gets.
-    """
+    """The ``NAME.pt`` files of the models folder and the package; the default is fixed
+    when made, so a later ``pull`` never changes it."""
 
     def __init__(self, models_dir: Path, catalog: Mapping[str, StyleInfo],
                  default: str | None = None, *,

@@ -1,26 +1,8 @@
 """Large pictures in bounded memory: the generator run in overlapping tiles.
 
-Run whole, the generator's activations grow with the picture (a 4096-px picture needs
-about 20 GiB in fp32). Run on tiles, three things would change the picture:
-
-- **GroupNorm** (one group) normalises each layer over the whole feature map, so a tile
-  normalised over itself comes out in another tone. Each tile is normalised with the
-  statistics of the whole picture instead, measured by a first pass over the picture
-  scaled to ``STATS_SIDE`` (:func:`measure_norms`). Against the untiled output of
-  toon_demo: 43.6 dB at 1024 px, 39.9 dB at 2048 px (statistics at 768 px: 42.1 dB).
-  Measuring the full-size statistics from the tiles instead does not converge: each
-  layer's statistics depend on the layers before it, so one pass fixes one layer
-  (docs/large-photos.md).
-- **The two bilinear upsamplings** (``align_corners=True``) map coordinates by the
-  ratio of the whole picture's sizes; each tile samples at the whole picture's
-  coordinates (:func:`_upsample`).
-- **Padding and borders**: each tile reaches ``margin`` pixels past its core on every
-  side (more than the network's receptive field) and only the core is kept; tiles start
-  on multiples of 4 pixels, so the two stride-2 convolutions see the same pixel grid.
-
-With the picture's own statistics, a tile's core equals the untiled output up to float
-rounding (88 dB, at most 1 level; with a margin of 32: 81.5 dB, of 16: 46.5 dB); the
-statistics are the only approximation (``python -m bench.tiles``).
+Each tile is normalised with the whole picture's GroupNorm statistics (from a first pass
+at ``STATS_SIDE``), upsamples at the whole picture's coordinates and keeps only its core,
+so the statistics are the only approximation (docs/large-photos.md).
 """
 
 from __future__ import annotations
@@ -36,11 +18,10 @@ from torch import nn
 from .backends.base import to_pixels
 from .generator import Generator, InvertedResBlock, in_layout
 
-#: Core side of a tile in output pixels (a multiple of 4), and the context each tile
-#: reads past its core on every side (a multiple of 4, past the receptive field).
+#: Core side of a tile and the context read past it on every side (multiples of 4).
 TILE = 384
 MARGIN = 48
-#: Long side of the first pass that measures the statistics the first tiled pass uses.
+#: Long side of the first pass that measures the statistics.
 STATS_SIDE = 512
 
 
@@ -54,8 +35,7 @@ class Norms:
 
 @dataclass(frozen=True)
 class _Tile:
-    """One tile: the rows and columns it reads ([top, bottom), [left, right)) and the core
-    it keeps, in whole-picture input pixels."""
+    """The rows and columns a tile reads and the core it keeps, in input pixels."""
 
     top: int
     bottom: int
@@ -87,9 +67,8 @@ def _half(side: int) -> int:
 
 def _positions(n_from: int, n_to: int, offset_from: int, offset_to: int, count: int,
                limit: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Along one axis: for ``count`` output positions from ``offset_to``, the two input
-    positions (in a tile that starts at ``offset_from`` and has ``limit`` positions) and
-    the weight of the second, as ``align_corners=True`` maps ``n_from`` onto ``n_to``."""
+    """Along one axis: each output position's two input positions in the tile and the
+    second's weight, as ``align_corners=True`` maps ``n_from`` onto ``n_to``."""
     scale = (n_from - 1) / (n_to - 1) if n_to > 1 else 0.0
     positions = (torch.arange(count, dtype=torch.float64) + offset_to) * scale
     positions = (positions - offset_from).clamp(0, limit - 1)
@@ -100,13 +79,8 @@ def _positions(n_from: int, n_to: int, offset_from: int, offset_to: int, count: 
 def _upsample(x: torch.Tensor, whole_from: tuple[int, int], whole_to: tuple[int, int],
               offset_from: tuple[int, int], offset_to: tuple[int, int],
               size_to: tuple[int, int]) -> torch.Tensor:
-    """Bilinear ``align_corners=True`` upsampling of a tile ``x`` of a picture whose whole
-    feature map goes from ``whole_from`` to ``whole_to`` (H, W): the tile's output rows and
-    columns (``size_to``, starting at ``offset_to`` in the whole output) sample ``x`` (which
-    starts at ``offset_from``) where the whole picture's upsampling would.
-
-    Made in bands of rows into one channels-last output (what the next convolution
-    wants): the peak is the output, not three copies of it."""
+    """Upsample tile ``x`` where the whole picture's bilinear upsampling would sample,
+    in bands of rows into one channels-last output."""
     low, high, weight = _positions(whole_from[0], whole_to[0], offset_from[0], offset_to[0],
                                    size_to[0], x.shape[2])
     c_low, c_high, c_weight = _positions(whole_from[1], whole_to[1], offset_from[1],
@@ -128,12 +102,8 @@ _BAND = 32
 
 
 class _Run:
-    """Runs the generator's layers on one tile, normalising with fixed statistics, or
-    (``measure``) with the tile's own, recorded into ``norms`` (the statistics pass).
-
-    Every GroupNorm input is a convolution's fresh output, and every residual a fresh sum:
-    both are done in place, so a tile needs no more memory than the network itself on a
-    picture of the tile's size."""
+    """Runs the generator's layers on one tile with fixed statistics, or (``measure``)
+    with its own, recorded into ``norms``. Norms and residuals work in place."""
 
     def __init__(self, norms: Norms, measure: bool = False) -> None:
         self.norms = norms
@@ -141,8 +111,7 @@ class _Run:
 
     def layers(self, module: nn.Module, x: torch.Tensor,
                factor: int) -> tuple[torch.Tensor, int]:
-        """``module`` on ``x`` (at 1/``factor`` of the input's resolution); returns the
-        output and its factor."""
+        """``module`` on ``x`` at 1/``factor`` resolution; returns the output and factor."""
         if isinstance(module, nn.GroupNorm):
             return self.norm(module, x), factor
         if isinstance(module, InvertedResBlock):
@@ -168,9 +137,7 @@ class _Run:
 
 
 def measure_norms(network: Generator, batch: torch.Tensor) -> Norms:
-    """Each GroupNorm layer's input mean and variance over the whole of ``batch``: the
-    network on it as one tile, normalising each layer with its own statistics (exactly
-    what GroupNorm does)."""
+    """Each GroupNorm layer's input mean and variance over the whole of ``batch``."""
     height, width = batch.shape[2], batch.shape[3]
     norms = Norms({}, {})
     with torch.inference_mode():
@@ -189,8 +156,7 @@ def _to_batch(pixels: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.T
 
 def _tile_forward(network: Generator, batch: torch.Tensor, whole: tuple[int, int],
                   tile: _Tile, norms: Norms, measure: bool = False) -> torch.Tensor:
-    """The generator on one tile (``batch``: the tile's input), at the whole picture's
-    geometry; returns the tile's core."""
+    """The generator on one tile at the whole picture's geometry; returns its core."""
     height, width = whole
     half = (_half(height), _half(width))
     quarter = (_half(half[0]), _half(half[1]))
@@ -213,16 +179,11 @@ def _tile_forward(network: Generator, batch: torch.Tensor, whole: tuple[int, int
 def run_tiled(network: Generator, pixels: np.ndarray, *, tile: int | None = None,
               margin: int | None = None,
               stats_side: int | None = None) -> np.ndarray | None:
-    """The generator on uint8 (H, W, 3) ``pixels``, tile by tile: uint8 (H, W, 3), or None
-    when the network's output is not finite (as :func:`backends.to_pixels`).
-
-    Memory: one tile's activations and the uint8 output, whatever the picture's size.
-    The statistics are those of the picture at ``stats_side``.
-    """
+    """The generator on uint8 ``pixels`` tile by tile, in one tile's memory; uint8
+    (H, W, 3), or None when the output is not finite."""
     height, width = pixels.shape[:2]
     dtype = next(network.parameters()).dtype  # fp32, or bf16 for a torch bf16 runner
-    # channels-last: oneDNN's fast path (1.3x on a 608-px tile); in place, as TorchRunner
-    # does, and only the layout changes (the engine's gate runs one conversion at a time)
+    # channels-last: oneDNN's fast path; in place is safe, the gate runs one at a time
     in_layout(network, torch.channels_last)
     with torch.inference_mode():
         small = _shrink(pixels, stats_side or STATS_SIDE)

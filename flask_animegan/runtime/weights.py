@@ -20,10 +20,7 @@ WEIGHT_SUFFIXES = (".pt", ".pth", ".ts")
 
 @contextlib.contextmanager
 def torchscript_quietly() -> Iterator[None]:
-    """Run ``torch.jit`` calls without torch's deprecation notice for them (a
-    DeprecationWarning in torch 2.13, a FutureWarning from 2.14). TorchScript files stay a
-    supported weights format, and tracing is how OpenVINO reads a generator; other warnings
-    pass as usual."""
+    """Run ``torch.jit`` calls without torch's deprecation notice (we still support them)."""
     with warnings.catch_warnings():
         for category in (DeprecationWarning, FutureWarning):
             warnings.filterwarnings("ignore", r"`torch\.jit\.[a-z_]+` is deprecated", category)

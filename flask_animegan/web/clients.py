@@ -14,15 +14,8 @@ CONVERSIONS_SCOPE = "animegan-conversions"
 
 
 def client_address() -> str:
-    """The client's address.
-
-    ``X-Forwarded-For`` is used only with ``ANIMEGAN_TRUSTED_PROXIES`` = N > 0, and then
-    only the address the outermost of those N proxies saw (as Werkzeug's ProxyFix does),
-    so a client cannot pick its own identity by sending the header. The proxies must be
-    the only way in: a client that reaches the server directly can still send any
-    well-formed address. Entries that are not IP addresses are refused, and the
-    request is keyed on the socket's peer address instead.
-    """
+    """The client's address: with N trusted proxies, the one the outermost saw (as ProxyFix),
+    so a client cannot pick its identity; else, or for a non-IP entry, the socket's peer."""
     hops = get_service().settings.trusted_proxies
     if hops:
         chain = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",")]
@@ -38,9 +31,7 @@ def client_address() -> str:
 
 
 def client_key(limiter: Limiter | None) -> str:
-    """The rate limit's key for this request, as ``limiter`` counted it (with the host's
-    Limiter, its key function's value); the client address when nothing counted it
-    (the limit is off) or with no limiter."""
+    """The rate limit's key for this request as ``limiter`` counted it, else the address."""
     if limiter is not None:
         for counted in limiter.current_limits:
             # request_args: [key_prefix,] the key function's value, the scope

@@ -1,26 +1,8 @@
 """CSRF protection of the upload form: Flask-WTF's when the app has it, else our own.
 
-With Flask-WTF's ``CSRFProtect`` on the app, the form carries its token (the value of
-``csrf_token()``, in the field ``WTF_CSRF_FIELD_NAME``) and Flask-WTF checks ``/upload``
-like any other form of the site. The extension adds nothing to that check; it only
-makes sure the check ran (a site may set ``WTF_CSRF_CHECK_DEFAULT = False``, or may have
-exempted the blueprint) and exempts the JSON API, ``/convert``.
-
-Without Flask-WTF, the extension's own token is a random value kept in Flask's signed
-session cookie and repeated in a hidden form field; a form posted from another site
-cannot know it (``ANIMEGAN_CSRF`` turns it off). It fails closed: an app with the token
-on and no ``SECRET_KEY`` is refused at ``init_app`` (extension.py), and one whose key
-went missing later answers 500 (Flask's "session is unavailable") instead of a form
-without a token.
-
-Why ``/convert`` needs no token, even under a site-wide ``CSRFProtect``: a forged
-request is dangerous when the visitor's cookies make it act *as the visitor*. The API
-reads no cookie and no session, and changes nothing that belongs to anyone: it turns
-the photo in the request into a picture and answers with it. A page on another site
-can make a browser send that request, but cannot read the answer (the API sends no
-CORS headers). What a forged request spends is one conversion, counted by the rate
-limit against the visitor's address like any conversion the visitor could start
-directly. So ``curl`` and other clients without cookies keep working.
+The own token lives in Flask's signed session and a hidden field; it fails closed without
+a ``SECRET_KEY``. The JSON API needs no token: it reads no cookie and changes nothing of
+the visitor's (docs/integration.md, CSRF).
 """
 
 from __future__ import annotations
@@ -58,8 +40,7 @@ def host_protect() -> Any | None:
 
 
 def _flask_wtf_csrf() -> Any:
-    """The module flask_wtf.csrf, or None. Flask-WTF is optional: if the process never
-    imported it, no app uses it."""
+    """The module flask_wtf.csrf if the process imported it (else no app uses it), or None."""
     return sys.modules.get("flask_wtf.csrf")
 
 
@@ -68,11 +49,8 @@ def _host_check_enabled() -> bool:
 
 
 def exempt_from_host(view: Callable[..., Any]) -> None:
-    """Exempt ``view`` (the JSON API) from the app's Flask-WTF check, once per CSRFProtect.
-
-    Called before every before_request function of the request (views.py), so it takes
-    effect on the first request whether the site made its CSRFProtect before or after
-    ``AnimeGAN(app)``."""
+    """Exempt ``view`` (the JSON API) from the app's Flask-WTF check, once per CSRFProtect;
+    runs per request, so a CSRFProtect made after ``AnimeGAN(app)`` is covered."""
     protect = host_protect()
     if protect is not None and protect not in _exempted:
         protect.exempt(view)
@@ -106,13 +84,8 @@ def form_field() -> tuple[str, str] | None:
 
 
 def check() -> None:
-    """Refuse the request unless it carries the form's token.
-
-    With Flask-WTF: its check, unless it already ran for this request (raises its
-    ``CSRFError``). Otherwise our own token, from the form field ``csrf_token`` of a
-    multipart form or the ``X-CSRF-Token`` header (the body of any other request is
-    the image itself); raises CsrfFailed.
-    """
+    """Refuse the request unless it carries the form's token: Flask-WTF's check if the
+    app has it, else ours from the form field or ``X-CSRF-Token`` (CsrfFailed)."""
     protect = host_protect()
     if protect is not None:
         if _host_check_enabled() and not g.get("csrf_valid"):

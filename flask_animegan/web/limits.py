@@ -1,26 +1,9 @@
 """Rate limits, through Flask-Limiter's public API only.
 
-Conversions (the blueprint's POST routes, ``/upload`` and ``/convert``) share one
-limit per client; nothing else of ours is limited, by our limit or by the host's
-default, application or meta limits: ``/healthz`` must answer load balancers
-whatever the host configured. The limits live in the Limiter (a blueprint limit with
-a callable value, and an exemption), so the host app's view functions are never
-touched, and two apps with one Limiter each keep their own.
-
-Which Limiter counts is decided per request, not switched once: the host app's, if it
-has one (enabled) besides ours, else the one the extension made at ``init_app``. A
-host Limiter made after ``AnimeGAN(app)`` gets our limit and exemptions at the first
-request under the prefix (before any before_request function, its check included),
-and from then on ours exempts the conversions, so exactly one Limiter counts them.
-``ANIMEGAN_RATE_LIMIT`` was parsed by flask-limiter's parser at start (config.py): a
-limit that reaches here always applies.
-
-A Redis for the counts is reached through :class:`FallbackCounts`, a storage of the
-``limits`` package (its public custom-storage API, under ``animegan+redis://``): every
-call flask-limiter makes (the check before the view, the window our headers and 429s
-read after it) goes to Redis, or to this process's memory while Redis is down or full,
-so no storage error ever reaches a request. flask-limiter's own in-memory fallback
-covers only its check before the view, and it logs each flap of a full Redis.
+The conversion routes share one limit per client; everything else of ours, ``/healthz``
+included, is exempt from any limit. The limit is registered on whichever Limiter counts
+(the host's if it has one, else ours), so host view functions are never rewritten.
+Redis counts go through :class:`FallbackCounts`, so no storage error reaches a request.
 """
 
 from __future__ import annotations
@@ -53,16 +36,14 @@ from .blueprint import blueprint
 from .clients import CONVERSIONS_SCOPE, client_address
 
 log = logging.getLogger("flask_animegan")
-#: Redis timeouts for the rate-limit storage, and no retries inside redis-py (its default
-#: retries a timeout 3 times): an outage must not add seconds per request.
+#: Short Redis timeouts and no redis-py retries: an outage must not add seconds per request.
 REDIS_OPTIONS = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
 #: The schemes of limits' Redis storages, which FallbackCounts wraps as ``animegan+...``.
 COUNTED_SCHEMES = ("redis", "rediss", "redis+unix", "redis+sentinel", "redis+cluster")
 WRAPPED = "animegan+"
-#: Seconds between tries of a rate-limit Redis that is down (as for the cache's).
+#: Seconds between tries of a rate-limit Redis that is down.
 RETRY_AFTER = 2.0
-#: maxmemory policies under which Redis may drop a count before its window ends
-#: (counts have TTLs, so the volatile-* policies drop them too).
+#: maxmemory policies under which Redis may drop a count (counts have TTLs).
 EVICTING = frozenset({"allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru",
                       "volatile-lfu", "volatile-random", "volatile-ttl"})
 _configured: weakref.WeakSet[Limiter] = weakref.WeakSet()
@@ -71,8 +52,7 @@ _configuring = threading.Lock()
 
 def host_limiter(extensions: MutableMapping[str, Any],
                  besides: Limiter | None = None) -> Limiter | None:
-    """The host app's enabled flask-limiter Limiter, if it has one (other than ``besides``);
-    ``extensions`` is the app's ``app.extensions``."""
+    """The host app's enabled Limiter other than ``besides``, if any."""
     for existing in extensions.get("limiter", ()):
         if isinstance(existing, Limiter) and existing is not besides and existing.enabled:
             return existing
@@ -89,15 +69,9 @@ def counting_limiter(extensions: MutableMapping[str, Any], own: Limiter | None) 
 
 
 class FallbackCounts(CountStorage, MovingWindowSupport, SlidingWindowCounterSupport):
-    """The rate-limit counts in Redis, or in this process while Redis is down or full.
-
-    A ``limits`` storage for ``animegan+redis://...`` (and the other Redis schemes):
-    each call goes to limits' own storage for the URI after the prefix, unless its
-    :class:`StoreHealth` says Redis is down (one probe per ``RETRY_AFTER``) or full
-    (writes still try, reads stay here so that they read what the writes counted); a
-    failure goes to an in-process ``MemoryStorage`` instead of raising. The outage and
-    its end are logged once each. Counts made here are forgotten when Redis is back.
-    """
+    """A ``limits`` storage for ``animegan+redis://``: the counts in Redis, or in this
+    process (forgotten later) while it is down or full; it never raises (flask-limiter's
+    own fallback covers only the check before the view)."""
 
     STORAGE_SCHEME = [WRAPPED + scheme for scheme in COUNTED_SCHEMES]  # noqa: RUF012 - limits' registry reads it
 
@@ -182,13 +156,11 @@ class FallbackCounts(CountStorage, MovingWindowSupport, SlidingWindowCounterSupp
         self._call("clear_sliding_window", key, expiry, write=True)
 
     def status(self) -> dict[str, Any]:
-        """For /healthz: where the counts live and whether Redis takes them (what the
-        last calls saw: :meth:`check` first to ask now)."""
+        """For /healthz: where the counts live and what the last calls saw."""
         return {"backend": "redis", "server": self.health.address, **self.health.status()}
 
     def maxmemory_policy(self) -> str | None:
-        """Redis's ``maxmemory-policy``, or ``None`` when it cannot say (unreachable, or
-        ``CONFIG`` refused)."""
+        """Redis's ``maxmemory-policy``, or ``None`` when unreachable or refused."""
         client = getattr(self.shared, "storage", None)  # limits' redis-py client
         try:
             reply = client.config_get("maxmemory-policy") if client is not None else {}
@@ -205,9 +177,7 @@ def counted_uri(uri: str) -> str:
 
 
 def own_limiter(app: Flask, settings: Settings) -> Limiter:
-    """A Limiter for an app that has none, storing counts at ANIMEGAN_RATELIMIT_STORAGE_URI
-    (default: ANIMEGAN_STORAGE_URI). While Redis is unreachable or full it counts in this
-    process's memory (:class:`FallbackCounts`) and goes back once Redis takes counts again."""
+    """A Limiter for an app that has none, counting in the rate-limit storage."""
     uri = counted_uri(settings.ratelimit_storage)
     # passed on to redis-py, which takes float timeouts (flask-limiter types them str | int)
     options: dict[str, Any] = {}
@@ -219,8 +189,7 @@ def own_limiter(app: Flask, settings: Settings) -> Limiter:
             pass  # flask-limiter names the missing driver below
         else:
             options = {**REDIS_OPTIONS, "retry": Retry(NoBackoff(), 0)}
-    # Our views add the X-RateLimit-* headers (flask-limiter's would put Retry-After on
-    # every response, 200s included); 429s carry Retry-After from our error handler.
+    # our views add the X-RateLimit-* headers; flask-limiter's would put Retry-After on 200s
     try:
         limiter = Limiter(client_address, app=app, headers_enabled=False, storage_uri=uri,
                           storage_options=options, in_memory_fallback_enabled=True)
@@ -237,8 +206,7 @@ def own_limiter(app: Flask, settings: Settings) -> Limiter:
 
 
 def warn_if_evicting(counts: FallbackCounts) -> None:
-    """Warn when the counts' Redis evicts keys when full: cache traffic (or anything
-    else written there) could then drop a client's count and give it a fresh limit."""
+    """Warn when the counts' Redis may evict keys: a dropped count gives a fresh limit."""
     policy = counts.maxmemory_policy()
     if policy in EVICTING:
         log.warning(
@@ -251,33 +219,25 @@ def warn_if_evicting(counts: FallbackCounts) -> None:
             counts.health.address, policy)
 
 
-#: Set on ``g`` once a conversion request has passed its parameter checks (views.py,
-#: jobs.py): from then on it costs CPU and counts.
+#: Set on ``g`` once a conversion passed its parameter checks: from then on it counts.
 _SPENT = "animegan_spent"
 
 
 def spending() -> None:
-    """Mark this request as one that costs CPU (its parameters passed; decoding starts)."""
+    """Mark this request as one that costs CPU (decoding starts)."""
     setattr(g, _SPENT, True)
 
 
 def deducts(response: Response) -> bool:
-    """Whether this conversion request counts against the limit: it succeeded (a result,
-    a result page's redirect, a queued job), or it failed after its decoding began. A
-    refusal before that (a bad parameter, an unknown style, a CSRF failure, a 413 of its
-    length, the admission's 503) costs no CPU and counts nothing; neither does any 503,
-    the server's load and not the client's doing."""
+    """Whether this request counts: it succeeded, or failed after decoding began (a
+    refusal that cost no CPU, or any 503, counts nothing)."""
     status = response.status_code
     return status < 400 or (bool(g.get(_SPENT)) and status != 503)
 
 
 def conversion_cost() -> int:
-    """What this request takes from the limit: ceil((size / ANIMEGAN_MAX_SIDE)^2) for a
-    photo whose ``size`` (query string or form field) is over ANIMEGAN_MAX_SIDE, at most
-    the smallest amount of ANIMEGAN_RATE_LIMIT's limits (a 4096-px photo at "5 per
-    minute" takes the whole window, and is never refused for ever); 1 otherwise, a
-    missing or bad size included (the view refuses it, and then nothing counts). A job's
-    frames count through jobs.py."""
+    """What this request takes from the limit: ceil((size / max_side)^2) above max_side,
+    capped by the smallest limit so a large photo is never refused for ever; else 1."""
     service = get_service()
     if request.endpoint == f"{blueprint.name}.create_job" or not service.rate_limit:
         return 1
@@ -301,22 +261,19 @@ def _conversion_limit() -> str:
 
 
 def _not_counting(limiter: Limiter) -> bool:
-    """Whether ``limiter`` skips this conversion: the limit is off, or another Limiter
-    (the host's) counts it."""
+    """Whether ``limiter`` skips this conversion: the limit is off, or another counts it."""
     service = get_service()
     return not service.rate_limit or service.limiter is not limiter
 
 
 def _form_post_to_refuse() -> bool:
-    """A form upload that its CSRF check will refuse is not counted (the view or Flask-WTF
-    answers 400): a page on another site must not spend a visitor's conversions."""
+    """Skip a form post its CSRF check refuses: no other site spends a visitor's conversions."""
     if request.endpoint != f"{blueprint.name}.upload":
         return False
     try:
         return not csrf.passes()
     except HTTPException:
-        # the form cannot be read (too large, too many parts): counted, and the view
-        # answers. Raised from here, flask-limiter would take it for a storage outage.
+        # unreadable form: counted, and the view answers (raised here, it reads as an outage)
         return False
 
 
@@ -327,8 +284,7 @@ def configure(limiter: Limiter) -> None:
             return
         # exempt from the host's default and application-wide limits, not from our own
         limiter.exempt(blueprint, flags=ExemptionScope.DEFAULT | ExemptionScope.APPLICATION)
-        # deduct_when: the limit is tested before the view and taken after it, so that a
-        # refusal that cost no CPU takes nothing (deducts); cost: large photos take more
+        # tested before the view, deducted after it (deducts); large photos cost more
         limiter.shared_limit(_conversion_limit, scope=CONVERSIONS_SCOPE, methods=["POST"],
                              exempt_when=lambda: _not_counting(limiter),
                              deduct_when=deducts, cost=conversion_cost)(blueprint)
@@ -336,8 +292,7 @@ def configure(limiter: Limiter) -> None:
         _configured.add(limiter)
 
 
-# A URL value preprocessor: Flask runs these before every before_request function, so
-# the host's Limiter has our limit and exemptions before its own check runs.
+# runs before every before_request function, so the host's Limiter is set up before its check
 @blueprint.url_value_preprocessor
 def _settle_limiter(endpoint: str | None, values: dict[str, Any] | None) -> None:
     limiter = get_service().limiter

@@ -1,9 +1,7 @@
 """The blueprint's OpenAPI 3.1 document, served at ``<prefix>/openapi.json``.
 
-Made from the app's URL map at each request: every route of the blueprint (its path,
-its methods) is looked up in :data:`OPERATIONS`, the one place that describes what each
-takes and answers. A route without a description is a ``KeyError`` here, and
-tests/test_openapi.py compares the document with the URL map, so the two cannot drift.
+Built per request from the URL map and :data:`OPERATIONS`; a route without a description
+raises, and a test compares the two, so they cannot drift.
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any
 
 
 def _any_case(words: Iterable[str]) -> dict[str, Any]:
-    """One of ``words`` as the service reads it (:func:`~flask_animegan.service.parameter_word`):
-    in any case of its ASCII letters, with spaces and tabs around it."""
+    """One of ``words`` in any case, spaces around, as the service reads it."""
     spelled = ("".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c)
                        for c in word) for word in words)
     return {"type": "string", "pattern": f"^[ \\t]*(?:{'|'.join(spelled)})[ \\t]*$"}
@@ -250,8 +247,7 @@ _CONVERTER = re.compile(r"<(?:[a-z]+(?:\([^)]*\))?:)?(\w+)>")
 
 
 def openapi_path(rule: str) -> str:
-    """A Werkzeug rule as an OpenAPI path: ``/result/<token>/<any(a, b):kind>`` ->
-    ``/result/{token}/{kind}``."""
+    """A Werkzeug rule as an OpenAPI path: ``/r/<token>`` -> ``/r/{token}``."""
     return _CONVERTER.sub(r"{\1}", rule)
 
 
@@ -271,8 +267,7 @@ def document() -> dict[str, Any]:
     return {"openapi": "3.1.0",
             "info": {"title": "flask-animegan", "version": "1",
                      "description": "Photos to anime pictures (docs/http-api.md)"},
-            # where the app itself is mounted (SCRIPT_NAME, e.g. a proxy's /site): a
-            # relative URL, so clients resolve it against the document's own address
+            # relative to where the app is mounted (SCRIPT_NAME)
             "servers": [{"url": request.script_root or "/"}],
             "paths": dict(sorted(paths.items())), "components": _COMPONENTS}
 

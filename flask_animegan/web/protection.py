@@ -1,14 +1,8 @@
-"""The site's own checks on our routes: view decorators that guard the pages or the API
-(ANIMEGAN_PAGE_DECORATORS, ANIMEGAN_API_DECORATORS) and the check that says who runs
-the site (ANIMEGAN_ADMIN_CHECK). docs/site-integration.md shows them with Flask-Login.
+"""The site's own checks on our routes: the decorators of ANIMEGAN_PAGE_DECORATORS and
+ANIMEGAN_API_DECORATORS, and ANIMEGAN_ADMIN_CHECK (docs/site-integration.md).
 
-The blueprint's view functions are shared by every app in the process, so a site's
-decorators are never wrapped around them. Each request runs the decorators of its kind
-of route around a stand-in view, before anything else of ours (the admission, the rate
-limit, the upload's reading): a decorator that lets the request through calls the
-stand-in; one that answers (Flask-Login's redirect to the login page) or raises
-(``abort(401)``) ends the request there. Decorators that change the view's response
-instead of guarding it do not fit this hook: wrap the app's routes for those.
+The blueprint's views are shared by every app in the process, so the decorators wrap a
+stand-in view run before anything else of ours; they guard, they cannot change a response.
 """
 
 from __future__ import annotations
@@ -25,11 +19,10 @@ from .clients import client_address, is_loopback
 
 #: Where a site's checks live in ``app.extensions`` (beside the service, "animegan").
 EXTENSION_KEY = "animegan.protection"
-#: The pages: what a browser opens (HTML, or the result's pictures the page shows).
+#: The pages a browser opens, and the pictures they show.
 PAGE_ENDPOINTS = frozenset({"animegan.index", "animegan.upload", "animegan.result",
                             "animegan.result_image", "animegan.job_page"})
-#: The JSON/image API; /healthz, /metrics and /openapi.json are not guarded (load
-#: balancers and scrapers do not log in; metrics have their own switch).
+#: The API; /healthz, /metrics and /openapi.json stay open for load balancers and scrapers.
 GUARDED_API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles",
                                    "animegan.style_sample", "animegan.create_job",
                                    "animegan.job", "animegan.cancel_job",
@@ -77,10 +70,8 @@ def _protection() -> Protection:
 
 
 def guard(endpoint: str | None) -> None:
-    """Run the site's decorators for ``endpoint``'s kind of route; return when they let the
-    request through, else end it with their answer (``abort(response)``: no error handler,
-    the host's or ours, rewrites it). On the API, a redirect (to a login page) becomes a
-    401 JSON error that names the page, ``login_url``: a script cannot follow a login form."""
+    """Run the site's decorators for ``endpoint``; return if they let the request through,
+    else abort with their answer (on the API a login redirect becomes a 401 naming it)."""
     protection = _protection()
     decorators = (protection.pages if endpoint in PAGE_ENDPOINTS
                   else protection.api if endpoint in GUARDED_API_ENDPOINTS else ())
@@ -102,9 +93,8 @@ def guard(endpoint: str | None) -> None:
 
 
 def is_admin() -> bool:
-    """Whether the current visitor runs the site, for the page's administrator's hints:
-    ANIMEGAN_ADMIN_CHECK's answer; without one, only in debug mode and to a client on
-    loopback (the rule of ANIMEGAN_HEALTH_DETAILS = local), never to every visitor."""
+    """Whether the visitor runs the site (for the admin hints): ANIMEGAN_ADMIN_CHECK, else
+    only a loopback client in debug mode."""
     check = _protection().admin_check
     if check is not None:
         return bool(check())

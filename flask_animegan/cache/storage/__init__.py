@@ -1,8 +1,5 @@
-"""Where the result cache and the result pages live, chosen by one URI.
-
-``memory://`` keeps them in this process (bounded by ``max_bytes``); ``redis://``,
-``rediss://`` and ``unix://`` share them between every instance through Redis
-(bounded by the server's ``maxmemory``). redis-py is imported only for those.
+"""Where the result cache and the result pages live, chosen by one URI: ``memory://``
+in this process, or Redis shared by every instance (redis-py imported only then).
 """
 
 from __future__ import annotations
@@ -15,11 +12,8 @@ __all__ = ["MemoryStorage", "Storage", "open_storage"]
 
 
 def open_storage(uri: str, *, max_bytes: int, prefix: str) -> Storage:
-    """The storage for ``uri``: a :class:`MemoryStorage` of ``max_bytes``, or a Redis one
-    whose keys start with ``prefix`` (``max_bytes`` is then Redis ``maxmemory``'s job).
-
-    Raises ``ValueError`` for another scheme, ``ImportError`` when redis-py is missing.
-    """
+    """The storage for ``uri``: memory of ``max_bytes``, or Redis under ``prefix``;
+    ``ValueError`` for another scheme, ``ImportError`` without redis-py."""
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     if scheme == "memory":
         return MemoryStorage(max_bytes)

@@ -1,10 +1,8 @@
 """The storage interface the result cache and the result pages share.
 
-Values are bytes, every key has its own time to live, and each operation is one
-round trip to the backend (a Redis server, or nothing for the in-process memory).
-A backend never raises for an outage: a read answers "nothing" and a write answers
-``False``, so a conversion goes on without the store. :class:`StoreHealth` is how a
-remote store (the Redis of the cache and pages, the rate limit's) tracks its outages.
+Bytes under keys with their own TTL, one round trip per operation. A backend never
+raises for an outage (a read finds nothing, a write answers ``False``), so a conversion
+goes on without the store.
 """
 
 from __future__ import annotations
@@ -17,28 +15,19 @@ from typing import Any
 
 log = logging.getLogger("flask_animegan")
 
-#: What a store's health reads: it answers; it cannot be reached or times out (reads and
-#: writes skipped); it refuses writes because its memory is full (Redis ``OOM`` under
-#: ``noeviction``: reads still answer).
+#: A store answers; is unreachable (reads and writes skipped); or refuses writes (OOM).
 STATES = ("ok", "down", "full")
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is Redis refusing a write at ``maxmemory`` (the ``OOM`` reply:
-    redis-py's ``OutOfMemoryError``), as opposed to a store that cannot be reached."""
+    """Whether ``error`` is Redis refusing a write at ``maxmemory`` (not an outage)."""
     return (any(kind.__name__ == "OutOfMemoryError" for kind in type(error).__mro__)
             or str(error).startswith("OOM ") or "> 'maxmemory'" in str(error))
 
 
 class StoreHealth:
-    """One remote store's state as this process sees it: ``ok``, ``down`` or ``full``.
-
-    Each change is logged once (the start of an episode as a warning, its end too), never
-    per request. While ``down``, :meth:`may_try` lets one call through per
-    ``retry_after`` seconds (the probe) and the others go without the store at once; a
-    success of any call ends it. While ``full``, every call may try (Redis answers reads
-    and refuses a write at once), and only a write that succeeds ends it.
-    """
+    """One remote store's state here: ``ok``, ``down`` (one probe per ``retry_after``) or
+    ``full`` (only a successful write ends it); each change logged once."""
 
     def __init__(self, what: str, address: str, *, retry_after: float, fallback: str,
                  secret: str | None = None) -> None:
@@ -107,8 +96,7 @@ class Storage(ABC):
 
     #: ``"memory"`` or ``"redis"``
     backend: str = ""
-    #: The byte budget this process enforces; ``None`` when the server enforces it
-    #: (Redis ``maxmemory``). ``0`` stores nothing.
+    #: The byte budget this process enforces (``None``: the server's; ``0``: nothing).
     max_bytes: int | None = None
 
     @abstractmethod
@@ -120,9 +108,8 @@ class Storage(ABC):
         """Store ``value`` under ``key`` for ``ttl`` seconds; ``False`` when it was not stored."""
 
     def add(self, key: str, value: bytes, ttl: float) -> bool:
-        """Store ``value`` under ``key`` for ``ttl`` seconds only if ``key`` holds nothing;
-        whether it did. Atomic on memory and Redis (one ``SET NX``), so of several
-        processes claiming one key exactly one wins; this default is not atomic."""
+        """Store ``value`` only if ``key`` holds nothing; whether it did. Atomic on memory
+        and Redis (of several claimants one wins); this default is not."""
         return self.get(key) is None and self.set(key, value, ttl)
 
     @abstractmethod
@@ -132,25 +119,15 @@ class Storage(ABC):
     @abstractmethod
     def set_indexed(self, key: str, value: bytes, *, index: str, member: bytes,
                     ttl: float, cap: int) -> bool:
-        """Store ``value`` under ``key`` and push ``member`` onto the list ``index``, atomically.
-
-        The list keeps its ``cap`` newest members and lives ``ttl`` seconds after
-        this push. Returns ``False`` when nothing was stored.
-        """
+        """Store ``value`` and push ``member`` onto ``index`` (its ``cap`` newest kept),
+        atomically; ``False`` when nothing was stored."""
 
     @abstractmethod
     def status(self) -> dict[str, Any]:
-        """``{"backend": ..., "ok": bool, ...}`` for health checks; never a credential.
-
-        Reports what the last operations saw: no round trip while the backend is
-        healthy (while it is down, a probe at most as often as a retry would).
-        """
+        """``{"backend": ..., "ok": bool, ...}`` as the last operations saw it; no credential."""
 
     def ping(self) -> bool:
-        """Ask the backend now (one round trip; none while an outage's retry wait runs).
-
-        Returns whether it is healthy; for a health check that must not wait for traffic.
-        """
+        """Ask the backend now (unless an outage's retry wait runs); whether it is healthy."""
         return self.healthy
 
     @property

@@ -1,8 +1,5 @@
-"""Storage in this process: one cachetools TLRU cache bounded in bytes.
-
-Each value and each index list is one item of the cache, with its own expiry; when
-the byte budget is full the least recently used item goes first. Every process (and
-every instance behind a load balancer) has its own: use Redis to share.
+"""Storage in this process: one cachetools TLRU cache bounded in bytes, per-item expiry,
+least recently used first out. Each process has its own: use Redis to share.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Storage in a Redis server shared by every instance, that a Redis outage never breaks.
 
-Keys are ``prefix + key`` with a per-key TTL (``SET ... PX``); an index is a list
-trimmed to its cap whose TTL each push refreshes; ``set_indexed`` is one MULTI/EXEC
-pipeline. Every operation is one round trip on a pooled connection (opening a new
-connection adds redis-py's handshake, once per connection).
-
-The byte budget is the server's: set ``maxmemory``, with ``maxmemory-policy
-allkeys-lru`` for the cache and ``noeviction`` for the result pages (deploy/). No client can make the keys grow without bound: every key has a TTL
-and each index is capped.
-
-When Redis cannot be reached, times out (after ``timeout`` seconds) or answers an
-error (a wrong password), reads answer ``None``, writes ``False``, the outage is logged
-once, and nothing is tried for ``retry_after`` seconds, so an outage does not add a
-timeout to every request; the first call after that probes again, and a success ends
-the outage (logged once). A Redis that is full (``OOM`` under ``noeviction``) is a
-state of its own: reads go on, writes answer ``False``, logged once, until a write
-succeeds.
+Every key has a TTL and every index a cap, so no client grows the keys without bound; the
+byte budget is the server's ``maxmemory`` (deploy/). While Redis is down, calls answer
+"nothing" at once and a probe runs every ``retry_after``; while it is full, reads go on.
 """
 
 from __future__ import annotations
@@ -38,12 +25,7 @@ T = TypeVar("T")
 
 
 class _Server:
-    """One Redis server as this process sees it: a client (its connection pool) and its
-    :class:`StoreHealth`.
-
-    Shared by every RedisStorage on the same URI, so the result cache and the result
-    pages on one server use one pool and an outage is logged once, not once per store.
-    """
+    """One Redis server's client pool and health, shared by every store on its URI."""
 
     def __init__(self, uri: str, *, timeout: float, retry_after: float) -> None:
         # no retries inside redis-py: an outage must cost one timeout, then none for a while
@@ -65,8 +47,7 @@ class _Server:
 
     def run(self, operation: Callable[[redis.Redis], T], default: T, *,
             write: bool = False) -> T:
-        """``operation(client)``, or ``default`` while Redis is (recently found) unreachable
-        or when it fails (a write refused because Redis is full, too)."""
+        """``operation(client)``, or ``default`` when Redis is down or the call fails."""
         if not self.health.may_try():
             return default
         try:
@@ -78,8 +59,7 @@ class _Server:
         return result
 
     def maxmemory_policy(self) -> str | None:
-        """The server's ``maxmemory-policy``; ``None`` when it cannot say (unreachable, or
-        ``CONFIG`` refused, as managed Redis services do)."""
+        """The server's ``maxmemory-policy``; ``None`` when unreachable or refused."""
         try:
             reply: dict[Any, Any] = dict(self.client.config_get("maxmemory-policy"))
         except (redis.RedisError, OSError):

@@ -1,11 +1,7 @@
 """What runs a style's network: torch eager or OpenVINO, behind one small interface.
 
-A backend turns a loaded torch generator into a :class:`Runner` in one precision; a
-runner maps RGB pixels to the network's raw output. The engine picks the backend and
-precision (``ANIMEGAN_BACKEND``, ``ANIMEGAN_PRECISION``), checks each style's runner
-against torch fp32 (:mod:`.fidelity`) and serialises the calls. OpenVINO is an
-optional extra: :func:`open_backends` leaves it out, with the reason, when it cannot
-be imported.
+A backend makes a :class:`Runner` (pixels to raw output) in one precision; OpenVINO is an
+optional extra, left out with the reason when it cannot be imported.
 """
 
 from __future__ import annotations
@@ -31,9 +27,7 @@ INSTALL_HINT = "pip install 'flask-animegan[openvino]'"
 
 def open_backends(requested: str, *, cache_dir: Path | None,
                   threads: int) -> tuple[dict[str, Backend], dict[str, str]]:
-    """The backends that ``requested`` may use (``auto``: every one importable here),
-    torch always among them (the reference and the fallback), and why any other is
-    missing: a missing extra is never an error."""
+    """The backends ``requested`` may use, torch always among them, and why any is missing."""
     from .torch import TorchBackend
 
     backends: dict[str, Backend] = {"torch": TorchBackend()}

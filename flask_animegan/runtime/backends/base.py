@@ -28,8 +28,7 @@ class Runner(Protocol):
     precision: str
 
     def __call__(self, pixels: np.ndarray) -> np.ndarray:
-        """uint8 RGB pixels (H, W, 3) -> float32 (H, W, 3), the network's output in about
-        [-1, 1] (not clamped: NaN from broken weights stays visible)."""
+        """uint8 RGB (H, W, 3) -> float32 output in about [-1, 1], unclamped (NaN shows)."""
         ...
 
 
@@ -61,10 +60,7 @@ REFERENCE = Choice("torch", "fp32")
 
 
 def to_pixels(output: np.ndarray) -> np.ndarray | None:
-    """A runner's output -> uint8 RGB (H, W, 3); None if it holds NaN or infinities.
-
-    Same arithmetic as torch's ``clamp(-1, 1).add(1).mul(127.5).round()`` in float32.
-    """
+    """A runner's output as uint8 RGB, as torch's clamp/scale/round; None if not finite."""
     if not math.isfinite(float(output.sum(dtype=np.float64))):
         return None
     pixels = np.clip(output, -1.0, 1.0, out=np.empty(output.shape, np.float32))

@@ -1,14 +1,8 @@
 """The fidelity guard: a backend and precision serves a style only if its pictures stay
-within ``MIN_PSNR_DB`` of torch fp32's on real photos.
+within ``MIN_PSNR_DB`` of torch fp32's on the package's own photos.
 
-The photos ship in the package (``static/``): scikit-image's astronaut (NASA, public
-domain; also the style picker's sample), coffee and chelsea (both CC0), fitted to
-``SIDE`` px: about 0.1 s per photo and backend on 2 cores. Verdicts are kept per
-weights file for the life of the process.
-
-INT8 is judged by its own bar (``MIN_PSNR_DB_INT8``, issue 29) at two sizes
-(``INT8_SIDES``: the guard's 128 px, where two photos are 128x85, and the photos
-enlarged with Lanczos to 256 px, 256x171): quantisation errors grow with the size.
+INT8 has its own bar and is judged at two sizes, as quantisation errors grow with size.
+Verdicts are kept per weights file for the life of the process.
 """
 
 from __future__ import annotations
@@ -77,9 +71,7 @@ def pictures(runner: Runner, side: int = SIDE) -> tuple[np.ndarray, ...]:
 
 
 def fidelity_db(digest: str, reference: Runner, candidate: Runner) -> float:
-    """The lowest PSNR of ``candidate`` against ``reference`` (torch fp32 of the same
-    weights, ``digest``) over the photos at ``sides(candidate.precision)``; remembered per
-    weights and candidate."""
+    """The lowest PSNR of ``candidate`` against torch fp32 over the photos; remembered."""
     verdict = (digest, candidate.backend, candidate.precision)
     with _lock:
         if verdict in _verdicts:

@@ -1,17 +1,7 @@
 """INT8 for the OpenVINO backend: NNCF's post-training quantisation with the recipe that
-``python -m bench.int8`` chose (docs/benchmark.md, section INT8).
+``python -m bench.int8`` chose (docs/benchmark.md, INT8 gives why each option).
 
-The recipe, measured on the shipped style against torch fp32 on the fidelity guard's
-photos: preset ``mixed`` (asymmetric activations: LeakyReLU's outputs are nearly all
-positive, so a symmetric range wastes half its codes), ``overflow_fix=enable`` (weights
-in 7 bits: without VNNI, AVX2's ``vpmaddubsw`` saturates its int16 pair sums, which cost
-7 dB), every ``MVN`` left in float (its input is the convolution's output before the
-GroupNorm: quantising it costs dB and buys no time, the convolutions still read int8),
-calibrated on nine photos that ship in scikit-image's wheel at ``CALIBRATION_SIDE`` px
-(never the guard's photos).
-
-A quantised style still has to pass the fidelity guard (``fidelity.min_db("int8")`` at
-``fidelity.sides("int8")``) before it serves; one that does not is served in fp32.
+A quantised style still has to pass the fidelity guard before it serves, else it serves fp32.
 """
 
 from __future__ import annotations
@@ -73,8 +63,7 @@ def quantize(model: Any) -> Any:
         OverflowFix,
     )
 
-    # only NNCF's own logger: nncf.set_log_level also sets the level of every handler on
-    # it, and handlers may be shared with the application's logging
+    # NNCF's own logger: nncf.set_log_level would change handlers shared with the app
     logging.getLogger("nncf").setLevel(logging.ERROR)
     photos = calibration_photos()
     return nncf.quantize(

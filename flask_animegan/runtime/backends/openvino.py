@@ -1,19 +1,9 @@
 """OpenVINO on the CPU: each style converted from its torch module, cached on disk.
 
-A style is traced once, converted with ``ov.convert_model`` (dynamic height and
-width), rewritten where the CPU plugin needs it, given its pixel conversions
-(uint8 HWC in, float HWC out) and compiled with ``INFERENCE_NUM_THREADS`` set to
-torch's thread count. With a cache folder, the converted model (``ir/``) and
-OpenVINO's compiled blobs (``CACHE_DIR``, ``compiled/``) survive a restart, so the
-next start converts and compiles nothing.
-
-Why dynamic shapes with one rewrite, not shape buckets: the converted graph's
-``GroupNormalization(num_groups=1)`` is lowered by the CPU plugin through a reshape
-whose shape is only known at run time, which costs ~50 layout reorders per inference
-(dynamic was 1.27x slower than a static compile at 512 px). Replaced by ``MVN`` over
-(C, H, W) with a per-channel scale and shift (the same arithmetic), the dynamic
-model runs as fast as a static one, with no compile per shape and no padding.
-Buckets would pad, and padding changes GroupNorm's statistics (the output).
+A style is traced, converted with dynamic height and width, given its pixel conversions
+and compiled; the converted model and compiled blobs survive a restart in the cache folder.
+GroupNorm is rewritten as MVN, which the CPU plugin runs as fast as a static shape, so no
+shape buckets are needed (buckets would pad, and padding changes GroupNorm's output).
 """
 
 from __future__ import annotations
@@ -75,8 +65,7 @@ def version() -> str:
 
 
 def convert(network: nn.Module) -> ov.Model:
-    """``network`` (float32 torch generator) as an OpenVINO model: uint8 (1, H, W, 3) RGB
-    in, float32 (1, H, W, 3) in about [-1, 1] out, H and W dynamic."""
+    """``network`` as an OpenVINO model: uint8 (1, H, W, 3) in, float32 in [-1, 1] out."""
     if not isinstance(network, torch.jit.ScriptModule):  # TorchScript files are fp32 already
         # a copy: the caller's network may be serving (channels-last) at the same time
         network = generator.in_layout(copy.deepcopy(network).float(), torch.contiguous_format)
@@ -84,7 +73,6 @@ def convert(network: nn.Module) -> ov.Model:
     # tracing ourselves without the trace check takes a third of convert_model's own
     with torchscript_quietly(), warnings.catch_warnings(), torch.no_grad():
         # the trace sees GroupNorm's batch-size check; the batch is always 1 here
-        # (TracerWarning is public, though torch.jit does not re-export it for type checkers)
         warnings.filterwarnings(
             "ignore", category=torch.jit.TracerWarning)  # type: ignore[attr-defined]
         traced = network if isinstance(network, torch.jit.ScriptModule) else (
@@ -95,8 +83,7 @@ def convert(network: nn.Module) -> ov.Model:
 
 
 def _group_norm_as_mvn(model: ov.Model) -> int:
-    """Replace GroupNormalization with one group by MVN over (C, H, W) times a per-channel
-    scale plus shift (see the module docstring). Returns how many were replaced."""
+    """Replace one-group GroupNormalization by MVN times scale plus shift; how many."""
     replaced = 0
     axes = ops.constant(np.array([1, 2, 3], np.int64))
     per_channel = ops.constant(np.array([1, -1, 1, 1], np.int64))
@@ -117,8 +104,7 @@ def _group_norm_as_mvn(model: ov.Model) -> int:
 
 
 def _with_pixel_conversions(model: ov.Model) -> ov.Model:
-    """uint8 NHWC pixels -> x / 127.5 - 1 in NCHW in the graph, and NHWC out: the
-    conversions the torch path does around the network, fused by OpenVINO."""
+    """Put the pixel conversions (uint8 NHWC in, NHWC out) in the graph, to be fused."""
     ppp = ov.preprocess.PrePostProcessor(model)
     ppp.input().tensor().set_element_type(ov.Type.u8).set_layout(ov.Layout("NHWC"))
     ppp.input().model().set_layout(ov.Layout("NCHW"))
@@ -130,8 +116,7 @@ def _with_pixel_conversions(model: ov.Model) -> ov.Model:
 
 
 def cache_key(weights: Path, digest: str) -> str:
-    """What the converted model depends on: the weights, the network's code, the
-    conversion and the library versions."""
+    """What the converted model depends on: weights, code, conversion and versions."""
     parts = [digest, hashlib.sha256(Path(generator.__file__).read_bytes()).hexdigest(),
              CONVERSION_VERSION, torch.__version__, version()]
     return f"{weights.stem}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:20]}"
@@ -165,13 +150,8 @@ class OpenVINORunner:
         self.request = compiled.create_infer_request()
 
     def release_memory(self) -> None:
-        """Give back the buffers sized for the largest picture so far (they are made again,
-        about 15 % of one inference, by the next one).
-
-        The compiled model is shared by every app of the process that runs this style
-        (``_compiled``), each behind its own gate, so another app may be converting with
-        it right now: OpenVINO then refuses ("busy state"), and the buffers go back at a
-        later idle moment instead."""
+        """Give back the buffers sized for the largest picture so far (if another app is
+        using the model, OpenVINO refuses and a later idle moment does it)."""
         try:
             self.compiled.release_memory()
         except RuntimeError as exc:
@@ -206,8 +186,7 @@ class OpenVINOBackend:
                 "loads": dict(self.loads)}
 
     def precisions(self) -> tuple[str, ...]:
-        """fp32; bf16 where the CPU computes it; int8 where NNCF (the int8 extra) is installed
-        (every x86 CPU runs int8 convolutions; whether they are faster is timed)."""
+        """fp32; bf16 where the CPU computes it; int8 where NNCF is installed."""
         capabilities = core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         native = ("fp32", "bf16") if "BF16" in capabilities else ("fp32",)
         return native + (("int8",) if int8_missing() is None else ())
@@ -263,9 +242,7 @@ class OpenVINOBackend:
 
     def _model(self, network: nn.Module, key: str,
                precision: str = "fp32") -> tuple[ov.Model | str, bool]:
-        """The converted model (``int8``: converted and quantised): a path in the cache
-        folder (making it first if it is not there) or, without a usable cache, a model in
-        memory. Also whether this call made it."""
+        """The converted (int8: quantised) model, cached or in memory; whether this call made it."""
         if precision == "int8":
             key = int8_key(key)
         if self.cache_dir is None:

@@ -13,11 +13,8 @@ from ..precision import DTYPES, native_bf16
 
 
 class TorchRunner:
-    """The generator in eager mode: channels-last layout (oneDNN's fast path) in ``precision``.
-
-    The network is converted in place; it is also what ``service.model``
-    holds for the default style.
-    """
+    """The generator in eager mode, channels-last in ``precision``, converted in place
+    (for the default style it is also ``service.model``)."""
 
     backend = "torch"
 
