@@ -77,9 +77,10 @@ def read_upload() -> tuple[bytes, Any]:
         if upload is None:
             raise BadImage("no image: send the photo in the multipart field 'image'")
         return upload.read(), request.values
-    if request.mimetype not in _RAW_BODY_TYPES and not request.mimetype.startswith("image/"):
-        raise UnsupportedImage(f"Content-Type {request.mimetype} is not an image; send "
-                               "multipart/form-data with field 'image' or the raw image")
+    if (request.mimetype not in _RAW_BODY_TYPES
+            and not request.mimetype.startswith(("image/", "video/"))):
+        raise UnsupportedImage(f"Content-Type {request.mimetype} is not an image or a video; "
+                               "send multipart/form-data with field 'image' or the raw file")
     data = request.get_data(cache=False)
     if len(data) > get_service().max_upload_bytes:  # a chunked body past the limit
         raise RequestEntityTooLarge()
