@@ -27,7 +27,7 @@ from PIL import Image
 
 from flask_animegan.inputs import media
 from flask_animegan.inputs.decoding import DecodeLimits
-from flask_animegan.jobs import repeats
+from flask_animegan.convert import repeats
 
 FPS = 25
 BOX_SHARE = 0.05  # of the picture's area

@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 
 from flask_animegan.config import Settings
-from flask_animegan.inputs import formats
+from flask_animegan.outputs import stills as formats
 from flask_animegan.inputs.isolation import Decoder
 from flask_animegan.convert.converter import Converter
 from flask_animegan.convert.request import ConvertRequest

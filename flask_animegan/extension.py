@@ -24,7 +24,7 @@ from .runtime.catalog import STYLE_NAME, known_styles
 from .runtime import tiles
 from .runtime.engine import InferenceEngine
 from .service import AnimeGANService, get_service
-from .web import cli as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
+from .cli import commands as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
 from .web import jobs as _jobs  # noqa: F401  registers the job routes on the blueprint
 from .web import limits as ratelimit
 from .web import openapi as _openapi  # noqa: F401  registers <prefix>/openapi.json

@@ -19,12 +19,14 @@ from .cache import NearDuplicateCache, ResultStore
 from .config import OUTPUT_FORMATS, Settings
 from .errors import ConversionError, Overloaded
 from .inputs.decoding import fit
-from .inputs.formats import encode
+from .outputs.stills import encode
 from .inputs.isolation import Decoder
 from .jobs.work import Jobs
 from .metrics import Metrics
 from .convert.converter import Conversion, Converter
 from .convert.request import ConvertRequest, Sizes, parse_request
+from .convert.route import route
+from .inputs.media import MediaInfo
 from .runtime.admission import Admission
 from .runtime.engine import InferenceEngine
 
@@ -165,6 +167,10 @@ class AnimeGANService:
         """The request ``params`` ask for (a mapping of strings), checked before any
         decode: the views, the job door, the CLI all read requests through this."""
         return parse_request(params, self.engine, self.sizes, media=media)
+
+    def route(self, data: bytes) -> MediaInfo | None:
+        """The probe of an animation or a video (a job), or None for a photo."""
+        return route(data, self.jobs.probe if self.jobs is not None else None)
 
     def convert(self, image: Image.Image, style: str | None = None,
                 size: int | None = None, colors: str | None = None,

@@ -763,7 +763,7 @@ def test_export_of_an_unknown_style_fails_cleanly(app: Flask, tmp_path: Path) ->
 def test_bench_outside_a_source_checkout_explains(app: Flask, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("flask_animegan.web.cli._bench_root", lambda: None)
+    monkeypatch.setattr("flask_animegan.cli.commands._bench_root", lambda: None)
     result = invoke(app, "bench", "--quick")
     assert result.exit_code != 0
     assert "source repository's bench/ folder" in result.output

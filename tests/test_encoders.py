@@ -1,4 +1,4 @@
-"""The job's writers (flask_animegan/jobs/encoders.py): every kind of animation and video
+"""The job's writers (flask_animegan/outputs/animations.py): every kind of animation and video
 written back out as its own kind, decoded again and compared with its source.
 
 The frames are the source's own, decoded by flask_animegan.inputs.media, so each check is
@@ -29,7 +29,7 @@ from flask_animegan.inputs.frames_helper import (
     isolated_probe,
 )
 from flask_animegan.inputs.media import MediaLimits, frames, probe
-from flask_animegan.jobs.encoders import (
+from flask_animegan.outputs.animations import (
     AUDIO_OVERRUN_S,
     AUDIO_TIMEOUT_S,
     MP4_AUDIO_COPIED,
@@ -526,7 +526,7 @@ def test_a_hostile_audio_track_costs_the_audio_not_the_video(name, make, options
     info = probe(source, LIMITS, DECODE)
     frames_in = list(frames(source, info, LIMITS, DECODE, size=96))
     killed = frames_helper.POOL.killed
-    with caplog.at_level("WARNING", logger="flask_animegan.jobs.encoders"):
+    with caplog.at_level("WARNING", logger="flask_animegan.outputs.animations"):
         writer, _, written = _write(source, info, frames_in, **options)
     assert re.search(logged, caplog.text), caplog.text
     assert frames_helper.POOL.killed == killed + ("audio_timeout" in options)

@@ -21,7 +21,7 @@ from media import camera_move, gif_from_photos, video_clip
 from PIL import Image
 
 from flask_animegan.errors import ConversionError, Overloaded
-from flask_animegan.jobs import repeats
+from flask_animegan.convert import repeats
 from flask_animegan.jobs.records import JobRecord, JobState
 from flask_animegan.jobs.work import INTERNAL, STALLED
 
@@ -132,7 +132,7 @@ def test_a_video_is_converted_to_mp4_with_every_frame(service):
     final = follow(service, record.id, finished)[-1]
     assert final.state == JobState.DONE, final.error
     assert final.frames_done == 20 and final.result_mimetype == "video/mp4"
-    # the static second's first frame is converted, the other nine reuse it (jobs/repeats.py,
+    # the static second's first frame is converted, the other nine reuse it (convert/repeats.py,
     # though H.264 refines the still picture frame by frame); the pan is converted
     assert 8 <= final.frames_reused <= 10, final
     with av.open(io.BytesIO(service.jobs.store.get_result(record.id))) as out:
@@ -386,7 +386,7 @@ def test_rq_without_redis_stops_the_app_at_start(make_app):
         make_app(ANIMEGAN_JOB_QUEUE="rq")
 
 
-# -- the repeat rule (jobs/repeats.py): generated H.264 clips, bench/jobs.py's ----------------
+# -- the repeat rule (convert/repeats.py): generated H.264 clips, bench/jobs.py's ----------------
 def rule_on(motion, name: str = "chelsea", count: int = 24):
     """The rule over a generated clip's frames, decoded and fitted as a job does (128 px)."""
     from bench.jobs import apply_rule, decoded, motion_clip

@@ -214,7 +214,7 @@ def test_in_chromium_an_mp4_result_shows_its_colours(browser, tmp_path, size):  
 
     from test_encoders import COLOURS
 
-    from flask_animegan.jobs.encoders import Mp4Writer
+    from flask_animegan.outputs.animations import Mp4Writer
 
     need(CHROMIUM is not None and CHROMEDRIVER is not None,
          "the browser tests need Debian's chromium and chromium-driver")

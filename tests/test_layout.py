@@ -1,10 +1,10 @@
 """The package's shape: imports run one way between its rooms, and there are no cycles.
 
-    extension -> web -> service -> pipeline -> {inputs, runtime, cache, portrait} -> {config, errors, process, metrics}
+    extension -> {web, cli} -> service -> jobs -> convert
+        -> {inputs, outputs, runtime, portrait, cache} -> storage -> {config, errors, process, metrics}
 
-Of the four siblings, one door only: cache -> inputs. The cache compares what
-``inputs/samples.py`` computes of an upload where the helper process decodes it (the
-helper imports the inputs room alone), so the grids' shapes are defined there.
+Of the five siblings, one door only: outputs -> inputs (a video's audio track, read from
+the upload, is written into the result).
 
 Every import counts, at module level or inside a function, under TYPE_CHECKING or not:
 a lazy import is still a door between two rooms.
@@ -24,17 +24,19 @@ PACKAGE = Path(__file__).resolve().parent.parent / "flask_animegan"
 
 #: The rooms, highest first; a module may import its own room and any room below it.
 LAYERS = {
-    "extension": 6, "gunicorn_conf": 6,
-    "web": 5,
-    "service": 4,
-    "pipeline": 3, "jobs": 3,
-    "inputs": 2, "runtime": 2, "cache": 2, "portrait": 2,
+    "extension": 8, "gunicorn_conf": 8,
+    "web": 7, "cli": 7,
+    "service": 6,
+    "jobs": 5,
+    "convert": 4,
+    "inputs": 3, "outputs": 3, "runtime": 3, "cache": 3, "portrait": 3,
+    "storage": 2,
     "config": 1, "errors": 1, "process": 1, "metrics": 1,
 }
 #: Rooms of one layer that must not import one another...
-SIBLINGS = {"inputs", "runtime", "cache", "portrait"}
+SIBLINGS = {"inputs", "outputs", "runtime", "cache", "portrait"}
 #: ...but through these doors (importer, imported).
-DOORS = {("cache", "inputs")}
+DOORS = {("outputs", "inputs"), ("cache", "inputs")}
 
 
 def modules() -> dict[str, Path]:

@@ -17,10 +17,10 @@ from PIL import Image
 
 from ..errors import ConversionError, Overloaded
 from ..inputs.decoding import DecodedUpload, fit, fitted_size, to_rgb
-from ..inputs.formats import MIME_TYPES, encode
+from ..outputs.stills import MIME_TYPES, encode
 from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
-from ..jobs import repeats
+from . import repeats
 from ..runtime.catalog import StyleInfo
 from .colors import keep_colors
 from .request import ConvertRequest, Options
@@ -116,7 +116,7 @@ class Converter:
         self.tile_above = tile_above
         self.audio_timeout = audio_timeout
         #: reuse the last converted frame's result for a frame that repeats it
-        #: (jobs/repeats.py); bench/jobs.py turns it off to measure the saving
+        #: (convert/repeats.py); bench/jobs.py turns it off to measure the saving
         self.reuse_repeats = True
 
     # -- the infer stage ---------------------------------------------------------------
@@ -290,7 +290,7 @@ class Converter:
                on_busy: Callable[[], None] | None = None,
                ) -> Iterator[tuple[Frame, Image.Image, bool]]:
         """Each frame with its converted picture and whether it was reused: a frame that
-        repeats the last converted one (jobs/repeats.py's rule) reuses its result, any
+        repeats the last converted one (convert/repeats.py's rule) reuses its result, any
         other goes through :meth:`stylize`. While web conversions fill the model's
         queue, ``on_busy`` is called (it may raise to stop) and the frame tried again."""
         anchor: repeats.Picture | None = None  # the last frame converted
@@ -347,10 +347,10 @@ class Converter:
 
 
 def _encoders() -> Any:
-    """jobs/encoders.py, imported on first use: it needs PyAV (the `jobs` extra), which an
+    """outputs/animations.py, imported on first use: it needs PyAV (the `jobs` extra), which an
     app that converts only photos need not install."""
     try:
-        from ..jobs import encoders
+        from ..outputs import animations as encoders
     except ImportError as exc:
         raise ConversionError("animations and videos need PyAV on this server: pip install "
                               "'flask-animegan[jobs]'") from exc

@@ -1,5 +1,2 @@
-"""Long work as jobs: animations and videos converted frame by frame, in the background.
-
-:mod:`.encoders` writes the converted frames back out as the upload's kind (GIF, animated WebP,
-APNG, MP4/H.264 with the source's audio) and makes the preview still.
-"""
+"""Long work as jobs: animations and videos converted in the background, on RQ or in
+process, through the app's Converter."""

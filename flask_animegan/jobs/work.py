@@ -1,5 +1,5 @@
 """Running a job: decode each frame, convert it (once for a run of frames that repeat it,
-by jobs/repeats.py's rule), write the output, report progress; and the app's side of
+by convert/repeats.py's rule), write the output, report progress; and the app's side of
 jobs, :class:`Jobs`.
 
 :func:`run_job` is the one entry point: RQ imports it by name in ``flask animegan worker``

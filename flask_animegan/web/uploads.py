@@ -1,5 +1,5 @@
 """Uploads at the door: the file and its parameters read once, checked, and routed to a
-photo conversion or a job by one function, :func:`route`."""
+photo conversion or a job by one function, the service's ``route``."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..convert.converter import Conversion
 from ..convert.request import ConvertRequest
-from ..errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
-from ..inputs.media import MEDIA_HINT, MediaInfo, other_container
+from ..errors import BadImage, ConversionError, Overloaded, UnsupportedImage
+from ..inputs.media import MediaInfo
 from ..jobs.queues import FULL_RETRY_AFTER
 from ..jobs.records import JobRecord
 from ..service import get_service
@@ -63,7 +63,7 @@ def receive() -> Upload:
     data, params = read_upload()
     parsed = get_service().parse(params)
     spending()  # from here on the request costs CPU: it counts against the rate limit
-    return Upload(data, params, parsed, route(data))
+    return Upload(data, params, parsed, get_service().route(data))
 
 
 def read_upload() -> tuple[bytes, Any]:
@@ -88,51 +88,6 @@ def read_upload() -> tuple[bytes, Any]:
         raise BadImage("no image: send multipart/form-data with the photo in field 'image', "
                        "or the raw image as the request body")
     return data, request.args
-
-
-_PNG = b"\x89PNG\r\n\x1a\n"
-#: How far into a PNG its animation chunk (acTL, before the first IDAT) is looked for.
-_APNG_WINDOW = 64 << 10
-
-
-def may_move(data: bytes) -> bool:
-    """Whether ``data`` may be an animation or a video, from its first bytes alone: a GIF,
-    a WebP with its animation flag, a PNG with an animation chunk near its start, an
-    MP4/MOV (``ftyp``) or a Matroska/WebM (EBML). Nothing else is probed, so a still photo
-    costs nothing more; what these are is decided in a helper process (:func:`moving_upload`)."""
-    head = data[:32]
-    if head[:6] in (b"GIF87a", b"GIF89a") or head[:4] == b"\x1a\x45\xdf\xa3":
-        return True
-    if head[:4] == b"RIFF" and head[8:16] == b"WEBPVP8X":
-        return len(head) > 20 and bool(head[20] & 0x02)
-    if head[:8] == _PNG:
-        window = data[:_APNG_WINDOW]
-        animation, pixels = window.find(b"acTL"), window.find(b"IDAT")
-        return animation > 0 and (pixels < 0 or animation < pixels)
-    return head[4:8] == b"ftyp"
-
-
-def route(data: bytes) -> MediaInfo | None:
-    """Where an upload goes: the probe of an animation or a video (a job), or None for a
-    still photo (converted at once). A file that only looked like one (a broken GIF, a PNG with a stray
-    ``acTL``) is left to the photo decoder, which refuses it or converts it as before;
-    one over a job's limits is refused here, as is a video in a container that is not read
-    (AVI, MPEG, ...: 415 naming those that are)."""
-    jobs = get_service().jobs
-    if jobs is None:
-        return None
-    container = other_container(data)
-    if container is not None:
-        raise UnsupportedImage(f"{container} videos are not accepted; {MEDIA_HINT}")
-    if not may_move(data):
-        return None
-    try:
-        info = jobs.probe(data)
-    except ImageTooLarge:
-        raise
-    except ConversionError:
-        return None
-    return None if info.kind == "still" else info
 
 
 def convert_photo(upload: Upload) -> Conversion:

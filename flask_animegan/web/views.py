@@ -41,7 +41,7 @@ from ..errors import (
     ImageTooLarge,
     UnsupportedImage,
 )
-from ..inputs.formats import encode
+from ..outputs.stills import encode
 from ..inputs.media import MEDIA_HINT, MediaInfo, other_container
 from ..convert.converter import Conversion, describe_timings
 from ..convert.request import parameter_word

@@ -40,7 +40,7 @@ import numpy as np
 from PIL import GifImagePlugin, Image
 
 from ..errors import ConversionError
-from ..inputs import formats
+from . import stills as formats
 from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack
 
 if TYPE_CHECKING:

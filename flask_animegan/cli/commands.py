@@ -28,8 +28,7 @@ from .batch import (
     read_entry,
     write_output,
 )
-from .blueprint import blueprint
-from .uploads import route
+from ..web.blueprint import blueprint
 
 cli = blueprint.cli
 cli.help = """Photo-to-anime styles: list, download, convert.
@@ -213,7 +212,7 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                 report(path, f"refused: {exc}")
                 continue
             try:
-                moving = route(data)
+                moving = service.route(data)
                 if moving is not None:
                     name = moving_name(name, fmt, MOVING_SUFFIXES[moving.format])
                     if not overwrite and os.path.lexists(out_dir / name):
