@@ -181,12 +181,8 @@ def job_result(job_id: str) -> Response:
     data = _jobs().store.get_result(job_id)
     if data is None:
         abort(404, "this job's result has expired; send the file again")
-    response = Response(data, mimetype=record.result_mimetype)
-    if download:
-        response.headers["Content-Disposition"] = (
-            f'attachment; filename="{_download_name(record)}"')
-    response.headers["Cache-Control"] = "private, max-age=300"
-    return response
+    return views.file_response(data, record.result_mimetype or "application/octet-stream",
+                               _download_name(record) if download else None)
 
 
 @blueprint.get("/jobs/<job_id>/preview")
@@ -195,9 +191,7 @@ def job_preview(job_id: str) -> Response:
     data = _jobs().store.get_preview(job_id)
     if data is None:
         abort(404, "this job's preview has expired; send the file again")
-    response = Response(data, mimetype="image/jpeg")
-    response.headers["Cache-Control"] = "private, max-age=300"
-    return response
+    return views.file_response(data, "image/jpeg")
 
 
 @blueprint.get("/jobs/<job_id>/page")

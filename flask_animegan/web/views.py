@@ -447,12 +447,17 @@ def result_image(token: str, kind: str) -> Response:
     if stored is None:
         abort(404, "this result has expired; convert the photo again")
     if kind == "original":
-        response = Response(stored.original, mimetype="image/jpeg")
-    else:
-        response = Response(stored.result, mimetype=stored.mimetype)
-        if download:
-            response.headers["Content-Disposition"] = (
-                f'attachment; filename="{_download_name(stored)}"')
+        return file_response(stored.original, "image/jpeg")
+    return file_response(stored.result, stored.mimetype,
+                         _download_name(stored) if download else None)
+
+
+def file_response(data: bytes, mimetype: str, attachment: str | None = None) -> Response:
+    """A result's bytes, kept privately for a few minutes; ``attachment``: its download
+    name (else shown inline)."""
+    response = Response(data, mimetype=mimetype)
+    if attachment:
+        response.headers["Content-Disposition"] = f'attachment; filename="{attachment}"'
     response.headers["Cache-Control"] = "private, max-age=300"
     return response
 
