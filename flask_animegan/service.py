@@ -16,7 +16,7 @@ from flask_limiter import Limiter
 from PIL import Image
 
 from .cache import NearDuplicateCache, ResultStore
-from .config import OUTPUT_FORMATS, Settings
+from .config import OUTPUT_FORMATS, PORTRAIT_MIN_FACE, Settings
 from .errors import BadParameter, ConversionError, Overloaded
 from .inputs.decoding import fit
 from .inputs.formats import encode
@@ -75,7 +75,7 @@ class AnimeGANService:
                                  # run the picture whole: tiles would save no memory
                                  tile_above=max(settings.max_side, tiles.STATS_SIDE),
                                  portrait=PortraitSettings(settings.portrait_scene_style,
-                                                           settings.portrait_min_face,
+                                                           PORTRAIT_MIN_FACE,
                                                            settings.portrait_max_faces))
         #: the web conversions in the app at once, at every stage: one running and
         #: ANIMEGAN_MAX_QUEUE more (runtime/admission.py); the CLI and convert() skip it

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-from ..config import ISOLATIONS, Settings
+from ..config import DECODE_TIMEOUT, ISOLATIONS, MAX_ASPECT_RATIO, MAX_JPEG_SCANS, Settings
 from ..errors import (
     BadImage,
     ConversionError,
@@ -116,9 +116,9 @@ class Decoder:
         """A decoder with the ANIMEGAN_MAX_*, DECODE_* and queue settings."""
         return cls(limits=DecodeLimits(max_pixels=settings.max_pixels,
                                        max_bytes=settings.max_decode_bytes,
-                                       max_aspect=settings.max_aspect_ratio,
-                                       max_scans=settings.max_jpeg_scans),
-                   isolation=settings.decode_isolation, timeout=settings.decode_timeout,
+                                       max_aspect=MAX_ASPECT_RATIO,
+                                       max_scans=MAX_JPEG_SCANS),
+                   isolation=settings.decode_isolation, timeout=DECODE_TIMEOUT,
                    slots=settings.decoders, max_queue=settings.max_queue,
                    queue_timeout=settings.queue_timeout)
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..config import Settings
+from ..config import MAX_FPS, MAX_FRAME_PIXELS, Settings
 from ..errors import BadImage, ConversionError, ImageTooLarge, UnsupportedImage
 from . import decoding
 from .decoding import DecodeLimits
@@ -76,7 +76,7 @@ class MediaLimits:
         """The limits of ANIMEGAN_MAX_FRAMES, _MAX_SECONDS, _MAX_FPS and _MAX_FRAME_PIXELS
         (the total: the default, 600 frames of a megapixel)."""
         return cls(max_frames=settings.max_frames, max_seconds=settings.max_seconds,
-                   max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels)
+                   max_fps=MAX_FPS, max_pixels=MAX_FRAME_PIXELS)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from ..config import REDIS_SCHEMES, SettingError, Settings
+from ..config import SettingError, Settings, is_redis
 from ..errors import Overloaded
 
 log = logging.getLogger("flask_animegan")
@@ -276,19 +276,18 @@ class RQQueue(JobQueue):
 def open_queue(settings: Settings, runner: Callable[[str], None]) -> JobQueue:
     """The queue ANIMEGAN_JOB_QUEUE names (``auto``: RQ when the jobs' storage is Redis);
     :class:`SettingError` for ``rq`` without a Redis or without the ``rq`` package."""
-    uri = settings.result_storage
+    uri = settings.state_storage
     kind = settings.job_queue_kind
     if kind == "local":
         return LocalQueue(runner, max_queue=settings.job_max_queue)
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    if scheme not in REDIS_SCHEMES:
+    if not is_redis(uri):
         raise SettingError("ANIMEGAN_JOB_QUEUE", (
             "ANIMEGAN_JOB_QUEUE='rq' needs a Redis for the queue: set "
-            "ANIMEGAN_RESULT_STORAGE_URI (or ANIMEGAN_STORAGE_URI) to redis://host:6380/0, "
+            "ANIMEGAN_STATE_STORAGE_URI (or ANIMEGAN_STORAGE_URI) to redis://host:6380/0, "
             "or use 'local' (one in-process worker, single machine) or 'auto'"))
     try:
         return RQQueue(uri, max_queue=settings.job_max_queue,
-                       job_timeout=settings.job_timeout, ttl=settings.job_ttl)
+                       job_timeout=settings.job_timeout, ttl=settings.result_ttl)
     except ImportError:
         raise SettingError("ANIMEGAN_JOB_QUEUE", (
             "jobs on Redis need RQ: pip install 'flask-animegan[jobs]', or set "

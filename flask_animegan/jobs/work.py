@@ -30,7 +30,7 @@ from typing import Any
 from flask import current_app
 from PIL import Image
 
-from ..config import Settings
+from ..config import DECODE_TIMEOUT, JOB_STALL_SECONDS, MAX_FPS, MAX_FRAME_PIXELS, Settings
 from ..errors import ConversionError, Overloaded
 from ..inputs import media
 from ..inputs.colors import keep_colors
@@ -98,15 +98,15 @@ class Jobs:
         self.reuse_repeats = True
         self.limits = MediaLimits(
             max_frames=settings.max_frames, max_seconds=settings.max_seconds,
-            max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels,
-            max_total_pixels=settings.max_frames * settings.max_frame_pixels)
+            max_fps=MAX_FPS, max_pixels=MAX_FRAME_PIXELS,
+            max_total_pixels=settings.max_frames * MAX_FRAME_PIXELS)
         queue.sweep_with(self.sweep, self.sweep_every)
 
     @property
     def sweep_every(self) -> float:
         """Seconds between two sweeps of a worker: SWEEP_EVERY, or a quarter of
         ANIMEGAN_JOB_STALL_SECONDS when that is shorter."""
-        return min(SWEEP_EVERY, self.settings.job_stall_seconds / 4)
+        return min(SWEEP_EVERY, JOB_STALL_SECONDS / 4)
 
     # -- at the door (the web process) -------------------------------------------------
     def probe(self, data: bytes) -> MediaInfo:
@@ -116,7 +116,7 @@ class Jobs:
             return media.probe(data, self.limits, self.decode)
         from ..inputs.frames_helper import isolated_probe
 
-        return isolated_probe(data, self.limits, self.decode, self.settings.decode_timeout)
+        return isolated_probe(data, self.limits, self.decode, DECODE_TIMEOUT)
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
                client: str, colors: str = "off") -> JobRecord:
@@ -156,7 +156,7 @@ class Jobs:
 
     def _stalled(self, record: JobRecord) -> bool:
         return (record.state == JobState.RUNNING
-                and time.time() - record.updated_at > self.settings.job_stall_seconds)
+                and time.time() - record.updated_at > JOB_STALL_SECONDS)
 
     def settle(self, record: JobRecord) -> JobRecord:
         """A running job whose worker stopped reporting is queued again (once) or failed:
@@ -164,7 +164,7 @@ class Jobs:
         the one that claims it does; the others get the record as stored."""
         if not self._stalled(record):
             return record
-        stall = self.settings.job_stall_seconds
+        stall = JOB_STALL_SECONDS
         if not self.store.claim(record.id, f"settle-{record.attempts}", stall):
             return self.store.get(record.id) or record
         current = self.store.get(record.id)  # it may have reported since it was read
@@ -225,7 +225,7 @@ class Jobs:
                                                   "took the job; send it again")
             return
         if not self.store.claim(job_id, f"run-{record.attempts + 1}",
-                                self.settings.job_stall_seconds):
+                                JOB_STALL_SECONDS):
             return  # a second entry of this run in the queue: another worker has it
         record.state, record.attempts = JobState.RUNNING, record.attempts + 1
         record.started_at = record.updated_at = time.time()
@@ -309,7 +309,7 @@ class Jobs:
         from ..inputs.frames_helper import isolated_frames
 
         return isolated_frames(data, info, self.limits, self.decode, size=size, square=square,
-                               timeout_per_frame=self.settings.decode_timeout,
+                               timeout_per_frame=DECODE_TIMEOUT,
                                timeout_total=float(self.settings.job_timeout))
 
     def _infer(self, record: JobRecord, frame: Frame, style: str) -> Image.Image:

@@ -42,6 +42,7 @@ from flask import (
 )
 from werkzeug.wrappers import Response as BaseResponse
 
+from ..config import FRAMES_PER_CONVERSION
 from ..errors import BadParameter, ConversionError, Overloaded, UnsupportedImage
 from ..inputs.media import MediaInfo
 from ..jobs.queues import FULL_RETRY_AFTER
@@ -97,7 +98,7 @@ def _exempt_api_from_host_csrf(endpoint: str | None, values: dict[str, Any] | No
 
 # -- at the door ---------------------------------------------------------------------
 def _conversions(frames: int) -> int:
-    return max(1, math.ceil(frames / get_service().settings.frames_per_conversion))
+    return max(1, math.ceil(frames / FRAMES_PER_CONVERSION))
 
 
 def _charge_frames(info: MediaInfo) -> None:
@@ -124,7 +125,7 @@ def _charge_frames(info: MediaInfo) -> None:
         if not fits:
             wait = max(1, int(item.get_expiry()))
             what = (f"{info.frames} frames count as {cost} conversions "
-                    f"({service.settings.frames_per_conversion} frames each)")
+                    f"({FRAMES_PER_CONVERSION} frames each)")
             if cost > item.amount:
                 raise TooManyJobs(f"this file is too long for the rate limit: its {what}, "
                                   f"more than the limit of {item}; send a shorter clip",

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from ...config import REDIS_SCHEMES, STORAGE_SCHEMES
+from ...config import REDIS_SCHEMES, STORAGE_SCHEMES, uri_scheme
 from .base import Storage
 from .memory import MemoryStorage
 
@@ -20,7 +20,7 @@ def open_storage(uri: str, *, max_bytes: int, prefix: str) -> Storage:
 
     Raises ``ValueError`` for another scheme, ``ImportError`` when redis-py is missing.
     """
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    scheme = uri_scheme(uri)
     if scheme == "memory":
         return MemoryStorage(max_bytes)
     if scheme in REDIS_SCHEMES:
