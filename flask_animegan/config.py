@@ -38,7 +38,7 @@ STORAGE_SCHEMES = ("memory", *REDIS_SCHEMES)
 GiB = 1 << 30
 HOUR, DAY = 3600, 86400
 
-# -- constants: former settings that nobody had a reason to change (ALIASES says why) --
+# -- constants: former settings no deployment had a reason to change (docs: why) ------
 #: ``hash_size`` of the cache's perceptual hash: 16 gives 256 bits; another size would
 #: orphan every stored entry.
 PHASH_SIZE = 16
@@ -859,6 +859,8 @@ def apply_aliases(config: MutableMapping[str, Any], *, server: bool = False) -> 
         value = config.pop(old)
         warnings.warn(alias.message(old), RemovedSettingWarning, stacklevel=3)
         if alias.new:
+            if isinstance(value, str) and value.startswith("redis+unix://"):
+                value = value.removeprefix("redis+")  # flask-limiter's spelling of unix://
             config.setdefault(alias.new, value)
         elif alias.gunicorn:
             gunicorn[alias.gunicorn] = value
@@ -866,9 +868,11 @@ def apply_aliases(config: MutableMapping[str, Any], *, server: bool = False) -> 
 
 
 def unknown_keys(config: Mapping[str, Any]) -> dict[str, str | None]:
-    """``ANIMEGAN_*`` keys of ``config`` that are no setting, each with the closest
-    setting's name (a likely typo) or None."""
-    return {key: next(iter(difflib.get_close_matches(key, _BY_NAME, n=1)), None)
+    """``ANIMEGAN_*`` keys of ``config`` that are no setting of the app, each with the
+    closest setting's name (a likely typo) or None (gunicorn's are no typo: no guess)."""
+    server = {s.name for s in SERVER_SETTINGS}
+    return {key: None if key in server else
+            next(iter(difflib.get_close_matches(key, _BY_NAME, n=1)), None)
             for key in config if key.startswith(PREFIX) and key not in _BY_NAME}
 
 

@@ -470,3 +470,16 @@ def test_the_derived_groups_are_built_once_from_the_settings():
         1000, 2000, "thread")
     assert derived.portrait.max_faces == 12
     assert settings.job_timeout == 300  # 3 s a frame
+
+
+def test_a_gunicorn_setting_in_app_config_is_refused_without_a_wrong_guess(tmp_path):
+    with pytest.raises(RuntimeError, match="ANIMEGAN_SERVER_THREADS is not a setting; remove") \
+            as error:
+        build(tmp_path, ANIMEGAN_SERVER_THREADS=8)
+    assert "TORCH_THREADS" not in str(error.value)
+
+
+def test_a_socket_in_flask_limiters_spelling_is_taken_for_the_state_storage():
+    with pytest.warns(RemovedSettingWarning, match="ANIMEGAN_STATE_STORAGE_URI"):
+        found = from_environ({"ANIMEGAN_RATELIMIT_STORAGE_URI": "redis+unix:///run/r.sock"})
+    assert found == {"ANIMEGAN_STATE_STORAGE_URI": "unix:///run/r.sock"}
