@@ -215,7 +215,7 @@ class RQQueue(JobQueue):
             waiting = self.queue.count
             if waiting >= self.max_queue:
                 raise _full(waiting)
-            # RQ's own timeout is a backstop: run_job stops at ANIMEGAN_JOB_TIMEOUT itself
+            # RQ's own timeout is a backstop: run_job stops at the job timeout itself
             self.queue.enqueue(ENTRY_POINT, job_id, job_id=self.rq_id(job_id, attempt),
                                job_timeout=self.job_timeout + 60, result_ttl=0,
                                failure_ttl=self.ttl, ttl=self.ttl)

@@ -30,7 +30,14 @@ from typing import Any
 from flask import current_app
 from PIL import Image
 
-from ..config import DECODE_TIMEOUT, JOB_STALL_SECONDS, MAX_FPS, MAX_FRAME_PIXELS, Settings
+from ..config import (
+    DECODE_TIMEOUT,
+    JOB_SECONDS_PER_FRAME,
+    JOB_STALL_SECONDS,
+    MAX_FPS,
+    MAX_FRAME_PIXELS,
+    Settings,
+)
 from ..errors import ConversionError, Overloaded
 from ..inputs import media
 from ..inputs.colors import keep_colors
@@ -277,7 +284,8 @@ class Jobs:
                 if time.monotonic() > deadline:
                     raise ConversionError(
                         f"the job took longer than {self.settings.job_timeout} s "
-                        "(ANIMEGAN_JOB_TIMEOUT); send a shorter or smaller file")
+                        f"({JOB_SECONDS_PER_FRAME} s a frame of ANIMEGAN_MAX_FRAMES); send a "
+                        "shorter or smaller file")
                 picture = repeats.Picture.of(frame.image) if self.reuse_repeats else None
                 if picture is not None and converted is not None and repeats.is_repeat(
                         picture, anchor):
