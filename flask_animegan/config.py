@@ -1,14 +1,12 @@
-"""Every configuration key the extension reads: the registry, and the one check derived from it.
+"""Every configuration key the extension reads: the registry, its checks, old names and
+the groups derived from it.
 
-:class:`Settings` lists each setting once, as a field with its type, default, allowed
-values (a range, choices or a check) and one line of meaning, the way Flask-Limiter's
-``constants.py`` keeps its names. ``init_app`` copies the defaults into ``app.config``
-(``setdefault``) and reads them back once with :meth:`Settings.from_config`, which refuses
-a wrong type, a value out of range, an unknown choice or an unparsable rate limit with an
-error that names the key and the fix. :func:`from_environ` converts environment strings
-through the same registry (the example app and ``gunicorn.conf.py``). The configuration
-table of docs/configuration.md is generated from (and tested against) :data:`SETTINGS`.
-A field ``max_side`` is the key ``ANIMEGAN_MAX_SIDE``.
+:class:`Settings` (the app's, from ``app.config``) and :class:`ServerSettings` (gunicorn's,
+from the environment) list each ``ANIMEGAN_*`` setting once, with its type, default,
+allowed values and meaning; a field ``max_side`` is the key ``ANIMEGAN_MAX_SIDE``.
+:data:`ALIASES` maps removed and renamed keys to what replaces them; the derived groups
+(:class:`Derived`) are built once from :class:`Settings`. docs/configuration.md's table is
+generated from :data:`REGISTRY`.
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -38,6 +37,35 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 STORAGE_SCHEMES = ("memory", *REDIS_SCHEMES)
 GiB = 1 << 30
 HOUR, DAY = 3600, 86400
+
+# -- constants: former settings no deployment had a reason to change (docs: why) ------
+#: ``hash_size`` of the cache's perceptual hash: 16 gives 256 bits; another size would
+#: orphan every stored entry.
+PHASH_SIZE = 16
+#: Portrait mode leaves faces smaller than this (the side of the face box, in pixels of
+#: the picture as converted) to the scene style: below it a face style draws no face.
+PORTRAIT_MIN_FACE = 48
+#: Largest ratio of an upload's long side to its short side (a strip inflates memory).
+MAX_ASPECT_RATIO = 20.0
+#: Most scans a JPEG may have: a progressive JPEG is decoded once per scan.
+MAX_JPEG_SCANS = 32
+#: Seconds one decode may take in its helper process before it is killed.
+DECODE_TIMEOUT = 5.0
+#: Highest frame rate of an animation or video (the frames are bounded by ANIMEGAN_MAX_FRAMES).
+MAX_FPS = 60.0
+#: Largest area of one frame of an animation or video (frames are fitted to ANIMEGAN_MAX_SIDE).
+MAX_FRAME_PIXELS = 4_000_000
+#: A job counts against ANIMEGAN_RATE_LIMIT as ceil(frames / this) conversions.
+FRAMES_PER_CONVERSION = 25
+#: Seconds between two reports of a job's worker while it converts (between frames).
+JOB_REPORT_SECONDS = 0.5
+#: A running job whose worker has not reported for this long is taken for dead: many
+#: report intervals, and more than one frame takes on a slow CPU.
+JOB_STALL_SECONDS = 40 * JOB_REPORT_SECONDS
+#: A job may run this many seconds per frame it may have (ANIMEGAN_MAX_FRAMES).
+JOB_SECONDS_PER_FRAME = 3
+#: gunicorn's worker timeout and graceful timeout (its --timeout, --graceful-timeout win).
+WORKER_TIMEOUT, GRACEFUL_TIMEOUT = 120, 60
 
 #: A check beyond type and range: the value -> None when usable, else what is wrong and
 #: how to fix it (completing "ANIMEGAN_X=value ...").
@@ -122,19 +150,31 @@ def _rate_limit(value: str) -> str | None:
 _ZERO_WINDOW = re.compile(r"(?:/|\bper\b)\s*0+\s*[a-z]", re.IGNORECASE)
 
 
-def _scheme(value: str) -> str:
-    return value.split("://", 1)[0].lower() if "://" in value else ""
+def uri_scheme(uri: str) -> str:
+    """The scheme of a URI, lower case (``redis`` of ``redis://host``); '' without one.
+    The one parser of storage URIs: the stores, the job queue and the limiter use it."""
+    return uri.split("://", 1)[0].lower() if "://" in uri else ""
+
+
+def is_redis(uri: str) -> bool:
+    """Whether ``uri`` names a Redis server (``redis://``, ``rediss://``, ``unix://``)."""
+    return uri_scheme(uri) in REDIS_SCHEMES
+
+
+def limiter_uri(uri: str) -> str:
+    """A storage URI as flask-limiter spells it: ``unix://`` is its ``redis+unix://``."""
+    return "redis+" + uri if uri_scheme(uri) == "unix" else uri
 
 
 def _storage_uri(value: str) -> str | None:
     """`memory://`, `redis://`, `rediss://` or `unix://` URI"""
-    if _scheme(value) in STORAGE_SCHEMES:
+    if uri_scheme(value) in STORAGE_SCHEMES:
         return None
     return ("is not a storage URI: use memory:// or redis://host:6379/0 "
             f"(schemes: {', '.join(s + '://' for s in STORAGE_SCHEMES)})")
 
 
-def _result_storage_uri(value: str) -> str | None:
+def _state_storage_uri(value: str) -> str | None:
     """a storage URI (`memory://`, `redis://...`)"""
     if value == "" or _storage_uri(value) is None:  # empty (an empty variable) is unset
         return None
@@ -142,19 +182,9 @@ def _result_storage_uri(value: str) -> str | None:
             "deploy/redis-state.conf) or memory://, or leave it unset for ANIMEGAN_STORAGE_URI")
 
 
-def _ratelimit_storage_uri(value: str) -> str | None:
-    """a flask-limiter storage URI (`memory://`, `redis://...`)"""
-    # the scheme itself is checked by flask-limiter when the extension makes its Limiter
-    # (web/limits.py), still in init_app; empty (an empty environment variable) is unset
-    if _scheme(value) or value == "":
-        return None
-    return ("is not a flask-limiter storage URI: use memory:// or redis://host:6379/0 "
-            "(redis+unix:///path for a socket), or leave it unset for ANIMEGAN_STORAGE_URI")
-
-
 def _http_url(value: str) -> str | None:
     """an `http(s)://` URL"""
-    if value == "" or (_scheme(value) in ("http", "https") and value.split("://", 1)[1]):
+    if value == "" or (uri_scheme(value) in ("http", "https") and value.split("://", 1)[1]):
         return None
     return "is not an http(s) URL: give e.g. 'https://mirror.example/weights', or unset it"
 
@@ -239,11 +269,6 @@ class Settings:
         'is converted with before the faces, converted with the face style, are pasted '
         'back; unset: the default style. Must be installed (checked at start).',
         check=_not_empty)
-    portrait_min_face: int = _setting(
-        48, int,
-        'Portrait mode: faces smaller than this (the side of the face box, in pixels of '
-        'the picture as it is converted) are left to the scene style.',
-        low=16, high=4096)
     portrait_max_faces: int = _setting(
         8, int,
         'Portrait mode: at most this many faces are converted in one picture (the '
@@ -284,31 +309,12 @@ class Settings:
         "buffers (WebP canvases, a progressive JPEG's coefficients), every copy on the "
         "way to the fitted RGB image, and the metadata Pillow keeps. Larger images get 413.",
         low=1, high=64 * GiB)
-    max_aspect_ratio: float = _setting(
-        20.0, float,
-        "Largest ratio of an upload's long side to its short side; more gets 413.",
-        low=1, high=1000)
-    max_jpeg_scans: int = _setting(
-        32, int,
-        'Most scans a JPEG may have (counted before decoding; a progressive JPEG is '
-        'decoded once per scan, real ones have about 10).',
-        low=1, high=1000)
     decode_isolation: str = _setting(
         'process', str,
         '`process`: decode uploads in helper processes with a memory limit, killed '
-        'after ANIMEGAN_DECODE_TIMEOUT; `thread`: decode in the server process (same '
+        f'after {DECODE_TIMEOUT:g} s; `thread`: decode in the server process (same '
         'checks and gate, no hard limits).',
         choices=ISOLATIONS)
-    decode_timeout: float = _setting(
-        5.0, float,
-        'Seconds one decode may take in its helper process before it is killed: 413, or 503 '
-        'when the helper had under half of that in CPU time (the load, not the file, was slow).',
-        low=0.01, high=HOUR)
-    decode_slots: int | None = _setting(
-        None, int,
-        'Uploads decoded at once per process (more wait, as for the model, up to '
-        'ANIMEGAN_MAX_QUEUE, else 503); unset uses the CPUs this process may run on.',
-        low=1, high=1024)
     rate_limit: str = _setting(
         '5 per minute', str,
         'flask-limiter limit for the upload and convert routes, per client address; '
@@ -316,25 +322,20 @@ class Settings:
         check=_rate_limit)
     storage_uri: str = _setting(
         'memory://', str,
-        'Where the result cache (and, unless ANIMEGAN_RESULT_STORAGE_URI is set, the result '
-        'pages) lives: `memory://` (this process, bounded by the *_MAX_BYTES settings) or '
+        'Where the result cache (and, unless ANIMEGAN_STATE_STORAGE_URI is set, the state) '
+        'lives: `memory://` (this process, bounded by the *_MAX_BYTES settings) or '
         '`redis://[:password@]host:port/db` / `rediss://...` (shared by every instance; '
         'bound it with Redis `maxmemory` and an LRU policy). If Redis is unreachable or '
         'full, conversions go on without the cache.',
         check=_storage_uri)
-    ratelimit_storage_uri: str | None = _setting(
+    state_storage_uri: str | None = _setting(
         None, str,
-        'flask-limiter storage; unset uses ANIMEGAN_STORAGE_URI. `memory://` counts per '
-        'process; with Redis, counts are shared, and fall back to per-process memory '
-        'while Redis is unreachable or full. Several instances: a Redis of its own with '
-        '`noeviction` (deploy/redis-state.conf), so that cache traffic never evicts a count.',
-        check=_ratelimit_storage_uri)
-    result_storage_uri: str | None = _setting(
-        None, str,
-        'Where the result pages of form uploads live; unset uses ANIMEGAN_STORAGE_URI. '
-        'Several instances: the Redis of the rate-limit counts, with `noeviction`, so that '
-        'cache traffic never evicts a page (deploy/redis-state.conf).',
-        check=_result_storage_uri)
+        'Where the state that must not be evicted lives: the rate-limit counts, the result '
+        'pages of form uploads and the jobs; unset uses ANIMEGAN_STORAGE_URI. Several '
+        'instances: a Redis with `noeviction` (deploy/redis-state.conf), so that cache '
+        'traffic never evicts a count, a page or a job. `memory://` counts per process; '
+        'with Redis, counts fall back to per-process memory while it is unreachable or full.',
+        check=_state_storage_uri)
     trusted_proxies: int = _setting(
         0, int,
         'Reverse proxies in front of the app that append to X-Forwarded-For; the rate '
@@ -357,19 +358,18 @@ class Settings:
         'first); an entry holds its result and an 11 KiB fingerprint of its input, '
         'never the upload (docs/http-api.md); 0: no cache in memory.',
         low=0, high=64 * GiB)
-    phash_size: int = _setting(
-        16, int,
-        '`hash_size` of `imagehash.phash` used as the cache key (16 gives 256 bits).',
-        low=4, high=64)
     phash_max_distance: int = _setting(
         6, int,
         'Largest Hamming distance between two perceptual hashes that may share a result '
-        '(the rest of the cache rule, in docs/http-api.md, must hold too).',
-        low=0, high=64 * 64)
+        f'(the rest of the cache rule, in docs/http-api.md, must hold too); a hash has '
+        f'{PHASH_SIZE ** 2} bits.',
+        low=0, high=PHASH_SIZE ** 2)
     result_ttl: int = _setting(
         3600, int,
-        'Seconds the result page of a form upload (and its images) stays available.',
-        low=1, high=30 * DAY)
+        "Seconds a result stays available: a form upload's result page (and its images), "
+        "a job's record, result and preview (renewed while the job runs; its upload is "
+        'dropped when it ends).',
+        low=60, high=30 * DAY)
     result_max_bytes: int = _setting(
         64 * 1024 * 1024, int,
         'Byte budget of the stored result pages (oldest unused evicted first).',
@@ -396,15 +396,6 @@ class Settings:
         'torch fp32), `torch` or `openvino` (torch, with a warning, if the extra is '
         'missing). Each style is checked when it loads; one that fails runs on torch fp32.',
         choices=("auto", *BACKENDS))
-    pad_multiple: int = _setting(
-        1, int,
-        'Pad each picture (reflecting its edge, at the bottom and the right) to a multiple '
-        'of this many pixels before the network, and crop the result back: for CPUs whose '
-        'kernels run odd sizes slowly. 1: no padding. `python -m bench.odd_sizes` times '
-        'each backend as is and padded to 4, 8, 16 and 32 on this CPU, with what the '
-        'padding changes (a side that is no multiple of 4 moves the contour lines by a '
-        'fraction of a pixel: about 32 dB PSNR against the unpadded picture).',
-        low=1, high=64)
     model_cache_dir: str | None = _setting(
         None, str,
         "Folder for OpenVINO's converted styles and compiled models, so that a restart "
@@ -422,39 +413,20 @@ class Settings:
     job_queue: str = _setting(
         'auto', str,
         'Where jobs (animations and videos, `POST {prefix}/jobs`) wait and run: `rq` '
-        '(an RQ queue on the Redis of ANIMEGAN_RESULT_STORAGE_URI, else ANIMEGAN_STORAGE_URI, '
+        '(an RQ queue on the Redis of ANIMEGAN_STATE_STORAGE_URI, else ANIMEGAN_STORAGE_URI, '
         'converted by `flask animegan worker` processes on any machine that reaches it), '
         '`local` (one in-process worker thread per app process, one job at a time: '
         'single-machine) or `auto` (`rq` when that storage is Redis, else `local`). `rq` '
         'without a Redis storage stops the app at start.',
         choices=JOB_QUEUES)
-    job_ttl: int = _setting(
-        3600, int,
-        "Seconds a job's record, result and preview stay available (each key has this "
-        'TTL, renewed while the job runs); the upload is dropped when the job ends.',
-        low=60, high=30 * DAY)
     job_max_queue: int = _setting(
         16, int,
         'Jobs allowed to wait for a worker; more get 503 with Retry-After.',
         low=1, high=100000)
-    job_timeout: int = _setting(
-        1800, int,
-        'Seconds one job may run before it is stopped and marked failed.',
-        low=10, high=DAY)
-    job_stall_seconds: float = _setting(
-        20.0, float,
-        'A running job whose worker has not reported for this long (a killed worker) is '
-        'requeued once, else marked failed; workers report at least every 0.5 s between '
-        'frames, so keep it above the time of one frame.',
-        low=2, high=HOUR)
     jobs_per_client: int = _setting(
         2, int,
         'Unfinished jobs (queued or running) one client may have; more get 429.',
         low=1, high=1000)
-    frames_per_conversion: int = _setting(
-        25, int,
-        'A job counts against ANIMEGAN_RATE_LIMIT as ceil(frames / this) conversions.',
-        low=1, high=100000)
     max_frames: int = _setting(
         600, int,
         'Most frames one animation or video may have (read from its header, checked again '
@@ -464,15 +436,6 @@ class Settings:
         30.0, float,
         'Longest duration of one animation or video, in seconds; longer gets 413.',
         low=0.1, high=DAY)
-    max_fps: float = _setting(
-        60.0, float,
-        'Highest frame rate of one animation or video; higher gets 413.',
-        low=1, high=1000)
-    max_frame_pixels: int = _setting(
-        4000000, int,
-        'Largest area (width x height) of one frame of an animation or video; larger '
-        'gets 413.',
-        low=1, high=10**9)
     output_format: str = _setting(
         'jpeg', str,
         'Default output format: jpeg, png or webp.',
@@ -566,7 +529,7 @@ class Settings:
         settings.validate()  # every value once, in the registry's order, then the rules between
         return settings
 
-    # -- derived values ----------------------------------------------------------
+    # -- derived values ---------------------------------------------------------
     @property
     def threads(self) -> int:
         """torch intra-op threads: the configured value, else the usable CPUs."""
@@ -574,25 +537,25 @@ class Settings:
 
     @property
     def decoders(self) -> int:
-        """Uploads decoded at once: the configured value, else the usable CPUs."""
-        return self.decode_slots or available_cpus()
+        """Uploads decoded at once: one per CPU this process may run on."""
+        return available_cpus()
 
     @property
-    def ratelimit_storage(self) -> str:
-        """flask-limiter's storage URI: its own setting, else the shared storage."""
-        return self.ratelimit_storage_uri or self.storage_uri
-
-    @property
-    def result_storage(self) -> str:
-        """Where the result pages live: their own setting, else the shared storage."""
-        return self.result_storage_uri or self.storage_uri
+    def state_storage(self) -> str:
+        """Where counts, result pages and jobs live: their own URI, else the shared storage."""
+        return self.state_storage_uri or self.storage_uri
 
     @property
     def job_queue_kind(self) -> str:
         """``rq`` or ``local``: ANIMEGAN_JOB_QUEUE with ``auto`` resolved from the storage."""
         if self.job_queue != "auto":
             return self.job_queue
-        return "rq" if _scheme(self.result_storage) in REDIS_SCHEMES else "local"
+        return "rq" if is_redis(self.state_storage) else "local"
+
+    @property
+    def job_timeout(self) -> int:
+        """Seconds one job may run: JOB_SECONDS_PER_FRAME for each frame it may have."""
+        return JOB_SECONDS_PER_FRAME * self.max_frames
 
     # -- checks ----------------------------------------------------------------
     def validate(self) -> None:
@@ -600,12 +563,6 @@ class Settings:
         raise :class:`SettingError` naming the key and the fix."""
         for setting in SETTINGS:
             setting.checked(getattr(self, setting.field))
-        if self.phash_max_distance > self.phash_size ** 2:
-            raise SettingError("ANIMEGAN_PHASH_MAX_DISTANCE", (
-                f"ANIMEGAN_PHASH_MAX_DISTANCE={self.phash_max_distance} is more than the "
-                f"{self.phash_size ** 2} bits of a hash of ANIMEGAN_PHASH_SIZE="
-                f"{self.phash_size}: every photo would match; the default is "
-                f"{DEFAULTS['ANIMEGAN_PHASH_MAX_DISTANCE']}"))
         if self.max_output_side is not None and self.max_output_side < self.max_side:
             raise SettingError("ANIMEGAN_MAX_OUTPUT_SIDE", (
                 f"ANIMEGAN_MAX_OUTPUT_SIDE={self.max_output_side} is under ANIMEGAN_MAX_SIDE="
@@ -619,14 +576,14 @@ class Settings:
 
 
 class AnimeGANOptions(TypedDict, total=False):
-    """The keyword options of ``AnimeGAN(app, **options)``: one per :class:`Settings`
-    field, with its type, so that editors complete them (a test keeps the two in step)."""
+    """The keyword options of ``AnimeGAN(app, **options)``: the fields of :class:`Settings`
+    with their types, so that editors and mypy check them (tests/test_settings.py keeps
+    the two equal; mypy reads no TypedDict built at run time)."""
 
     models_dir: str
     shipped_styles: bool
     default_style: str | None
     portrait_scene_style: str | None
-    portrait_min_face: int
     portrait_max_faces: int
     url_prefix: str
     max_side: int
@@ -634,20 +591,14 @@ class AnimeGANOptions(TypedDict, total=False):
     max_upload_bytes: int
     max_pixels: int
     max_decode_bytes: int
-    max_aspect_ratio: float
-    max_jpeg_scans: int
     decode_isolation: str
-    decode_timeout: float
-    decode_slots: int | None
     rate_limit: str
     storage_uri: str
-    ratelimit_storage_uri: str | None
-    result_storage_uri: str | None
+    state_storage_uri: str | None
     trusted_proxies: int
     cache_scope: str
     cache_ttl: int
     cache_max_bytes: int
-    phash_size: int
     phash_max_distance: int
     result_ttl: int
     result_max_bytes: int
@@ -658,21 +609,14 @@ class AnimeGANOptions(TypedDict, total=False):
     max_queue: int
     queue_timeout: float
     job_queue: str
-    job_ttl: int
     job_max_queue: int
-    job_timeout: int
-    job_stall_seconds: float
     jobs_per_client: int
-    frames_per_conversion: int
     max_frames: int
     max_seconds: float
-    max_fps: float
-    max_frame_pixels: int
     output_format: str
     jpeg_quality: int
     max_loaded_styles: int
     warmup_size: int
-    pad_multiple: int
     weights_base_url: str | None
     extra_styles: dict[str, dict[str, Any]]
     health_details: str
@@ -791,36 +735,173 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-SETTINGS: tuple[Setting, ...] = tuple(
-    Setting(PREFIX + f.name.upper(),
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default,
-            f.metadata["meaning"], f.metadata["kind"], f.metadata["low"], f.metadata["high"],
-            f.metadata["choices"], f.metadata["check"])
-    for f in dataclasses.fields(Settings))
+def _rows(settings_class: type) -> tuple[Setting, ...]:
+    return tuple(
+        Setting(PREFIX + f.name.upper(),
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default,
+                f.metadata["meaning"], f.metadata["kind"], f.metadata["low"], f.metadata["high"],
+                f.metadata["choices"], f.metadata["check"])
+        for f in dataclasses.fields(settings_class))
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What ``gunicorn.conf.py`` reads from the environment (never ``app.config``); for
+    the rest of gunicorn's settings its own flags or ``GUNICORN_CMD_ARGS`` serve."""
+
+    server_threads: int | None = _setting(
+        None, int,
+        'gunicorn request threads per worker (`gthread`; `--threads` wins): one per '
+        'conversion the app admits at once (1 + ANIMEGAN_MAX_QUEUE) and one for `/healthz` '
+        'and the pages; unset: ANIMEGAN_MAX_QUEUE + 2. A worker with fewer refuses to start.',
+        low=1, high=1024)
+    access_log: str = _setting(
+        '-', str,
+        'gunicorn access log file (`-`: stdout; empty: none). Result tokens in it are '
+        'written `<redacted>`.')
+    control_socket: str = _setting(
+        '', str,
+        "Path of this instance's gunicorn control socket (`gunicornc`); empty: none, so "
+        "that two instances of one user never take each other's over.")
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
+        """The server settings in ``environ`` (default: ``os.environ``), converted and
+        checked like the app's; old names warn and still count."""
+        values = _read_environ(environ, SERVER_SETTINGS)
+        return cls(**{name[len(PREFIX):].lower(): value for name, value in values.items()})
+
+    def threads_for(self, max_queue: int) -> int:
+        """Request threads: the configured number, else one per conversion admitted at
+        once (1 + ``max_queue``) and one for /healthz and the pages."""
+        return self.server_threads or max_queue + 2
+
+
+SETTINGS: tuple[Setting, ...] = _rows(Settings)
+SERVER_SETTINGS: tuple[Setting, ...] = _rows(ServerSettings)
+#: Every ANIMEGAN_* name, the app's and gunicorn.conf.py's: the one registry.
+REGISTRY: tuple[Setting, ...] = SETTINGS + SERVER_SETTINGS
 DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
 _BY_NAME = {s.name: s for s in SETTINGS}
 
 
+# -- old names ----------------------------------------------------------------------------
+class RemovedSettingWarning(FutureWarning):
+    """An old setting name, still read for one release: the message says what replaces it.
+    A FutureWarning, so that Python shows it to the operator by default."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    """An old name: ``new`` takes its value when ``new`` itself is unset; else ``fix``
+    says what became of it. ``gunicorn``: the gunicorn setting it still sets."""
+
+    new: str | None = None
+    fix: str = ""
+    gunicorn: str | None = None
+
+    def message(self, old: str) -> str:
+        if self.new:
+            return f"{old} is now {self.new}: rename the key (its value is used for {self.new})"
+        return f"{old} is no longer a setting: {self.fix}"
+
+    @property
+    def server(self) -> bool:
+        """Whether gunicorn.conf.py reads it (else the app does)."""
+        return self.gunicorn is not None or self.new in {s.name for s in SERVER_SETTINGS}
+
+
+def _constant(value: Any) -> Alias:
+    return Alias(fix=f"now a constant: {value}, remove the key")
+
+
+def _flag(flag: str, setting: str) -> Alias:
+    return Alias(fix=f"pass gunicorn's {flag} (or GUNICORN_CMD_ARGS='{flag}=...'); its value "
+                     "is still used in this release", gunicorn=setting)
+
+
+#: Every removed or merged name and what replaces it: the one table of old names.
+ALIASES: dict[str, Alias] = {
+    "ANIMEGAN_THREADS": Alias("ANIMEGAN_SERVER_THREADS"),  # taken for ANIMEGAN_TORCH_THREADS
+    "ANIMEGAN_RATELIMIT_STORAGE_URI": Alias("ANIMEGAN_STATE_STORAGE_URI"),
+    "ANIMEGAN_RESULT_STORAGE_URI": Alias("ANIMEGAN_STATE_STORAGE_URI"),
+    "ANIMEGAN_JOB_TTL": Alias("ANIMEGAN_RESULT_TTL"),
+    "ANIMEGAN_PHASH_SIZE": _constant(PHASH_SIZE),
+    "ANIMEGAN_PORTRAIT_MIN_FACE": _constant(PORTRAIT_MIN_FACE),
+    "ANIMEGAN_MAX_ASPECT_RATIO": _constant(MAX_ASPECT_RATIO),
+    "ANIMEGAN_MAX_JPEG_SCANS": _constant(MAX_JPEG_SCANS),
+    "ANIMEGAN_DECODE_TIMEOUT": _constant(DECODE_TIMEOUT),
+    "ANIMEGAN_MAX_FPS": _constant(MAX_FPS),
+    "ANIMEGAN_MAX_FRAME_PIXELS": _constant(MAX_FRAME_PIXELS),
+    "ANIMEGAN_FRAMES_PER_CONVERSION": _constant(FRAMES_PER_CONVERSION),
+    "ANIMEGAN_JOB_STALL_SECONDS": _constant(JOB_STALL_SECONDS),
+    "ANIMEGAN_PAD_MULTIPLE": Alias(fix="removed: pictures go to the network as they are, "
+                                       "remove the key"),
+    "ANIMEGAN_DECODE_SLOTS": Alias(fix="now one per CPU this process may run on, remove the key"),
+    "ANIMEGAN_JOB_TIMEOUT": Alias(fix=f"now {JOB_SECONDS_PER_FRAME} s per frame of "
+                                      "ANIMEGAN_MAX_FRAMES, remove the key"),
+    "ANIMEGAN_BIND": _flag("--bind", "bind"),
+    "ANIMEGAN_WORKERS": _flag("--workers", "workers"),
+    "ANIMEGAN_WORKER_TIMEOUT": _flag("--timeout", "timeout"),
+    "ANIMEGAN_GRACEFUL_TIMEOUT": _flag("--graceful-timeout", "graceful_timeout"),
+    "ANIMEGAN_LOG_LEVEL": _flag("--log-level", "loglevel"),
+}
+
+
+def apply_aliases(config: MutableMapping[str, Any], *, server: bool = False) -> dict[str, Any]:
+    """Take the old names out of ``config`` (the app's, or the server's with ``server``),
+    each with one :class:`RemovedSettingWarning`; a renamed one's value goes to its new
+    key when that is unset. Returns the old names' values by gunicorn setting (``bind``...)."""
+    gunicorn: dict[str, Any] = {}
+    for old, alias in ALIASES.items():
+        if old not in config or alias.server != server:
+            continue
+        value = config.pop(old)
+        warnings.warn(alias.message(old), RemovedSettingWarning, stacklevel=3)
+        if alias.new:
+            if isinstance(value, str) and value.startswith("redis+unix://"):
+                value = value.removeprefix("redis+")  # flask-limiter's spelling of unix://
+            config.setdefault(alias.new, value)
+        elif alias.gunicorn:
+            gunicorn[alias.gunicorn] = value
+    return gunicorn
+
+
 def unknown_keys(config: Mapping[str, Any]) -> dict[str, str | None]:
-    """``ANIMEGAN_*`` keys of ``config`` that are no setting, each with the closest
-    setting's name (a likely typo) or None."""
-    return {key: next(iter(difflib.get_close_matches(key, _BY_NAME, n=1)), None)
+    """``ANIMEGAN_*`` keys of ``config`` that are no setting of the app, each with the
+    closest setting's name (a likely typo) or None (gunicorn's are no typo: no guess)."""
+    server = {s.name for s in SERVER_SETTINGS}
+    return {key: None if key in server else
+            next(iter(difflib.get_close_matches(key, _BY_NAME, n=1)), None)
             for key in config if key.startswith(PREFIX) and key not in _BY_NAME}
 
 
 def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Return the ANIMEGAN_* settings present in ``environ``, converted to their types
-    and checked by the registry (:class:`SettingError` names the variable and the fix).
+    """Return the app's ANIMEGAN_* settings present in ``environ`` (default:
+    ``os.environ``), converted to their types and checked by the registry
+    (:class:`SettingError` names the variable and the fix); old names warn and count.
 
     Numbers and switches are parsed from text, a mapping from JSON; an empty variable
     unsets an optional setting (automatic choice) and turns a switch off."""
+    return _read_environ(environ, SETTINGS)
+
+
+def gunicorn_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """gunicorn settings that old ANIMEGAN_* names (``ANIMEGAN_BIND``...) still give, each
+    with a :class:`RemovedSettingWarning`: gunicorn checks and converts the strings."""
+    found = {key: value for key, value in (os.environ if environ is None else environ).items()
+             if ALIASES.get(key, Alias()).gunicorn}
+    return apply_aliases(found, server=True)
+
+
+def _read_environ(environ: Mapping[str, str] | None,
+                  registry: tuple[Setting, ...]) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
-    found: dict[str, Any] = {}
-    for setting in SETTINGS:
-        raw = environ.get(setting.name)
-        if raw is not None:
-            found[setting.name] = _from_text(setting, raw)
-    return found
+    raw = {key: value for key, value in environ.items()
+           if key.startswith(PREFIX) and key in ALIASES and not ALIASES[key].gunicorn}
+    apply_aliases(raw, server=registry is SERVER_SETTINGS)
+    raw.update({s.name: environ[s.name] for s in registry if s.name in environ})
+    return {s.name: _from_text(s, raw[s.name]) for s in registry if s.name in raw}
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -860,3 +941,93 @@ def _from_text(setting: Setting, raw: str) -> Any:
         return setting.checked(value)
     except SettingError as exc:
         raise SettingError(setting.name, _ENV + str(exc)) from None
+
+
+# -- derived groups: built once from Settings and handed to the parts -----------------------
+@dataclass(frozen=True)
+class DecodeLimits:
+    """What one decode of an upload may cost, and how it runs (inputs/)."""
+
+    max_pixels: int = 40_000_000
+    max_bytes: int = 192 * 1024 * 1024
+    max_aspect: float = MAX_ASPECT_RATIO
+    max_scans: int = MAX_JPEG_SCANS
+    timeout: float = DECODE_TIMEOUT
+    isolation: str = "process"
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """What one animation or video may hold."""
+
+    max_frames: int = 600
+    max_seconds: float = 30.0
+    max_fps: float = MAX_FPS
+    #: per frame
+    max_pixels: int = MAX_FRAME_PIXELS
+    #: frames times pixels a frame
+    max_total_pixels: int = 600 * MAX_FRAME_PIXELS
+
+
+@dataclass(frozen=True)
+class PortraitLimits:
+    """Portrait mode: the scene's style (None: the default style) and which faces count."""
+
+    scene_style: str | None = None
+    min_face: int = PORTRAIT_MIN_FACE
+    max_faces: int = 8
+
+
+@dataclass(frozen=True)
+class StorageURIs:
+    """Where things live: ``cache`` (evictable), ``state`` (counts, result pages, jobs:
+    never evicted) and ``limiter`` (the state in flask-limiter's spelling); ``state_key``
+    is the setting that gave ``state``, for error messages."""
+
+    cache: str = "memory://"
+    state: str = "memory://"
+    limiter: str = "memory://"
+    state_key: str = "ANIMEGAN_STORAGE_URI"
+
+
+def decode_limits(settings: Settings) -> DecodeLimits:
+    """The decode limits of ``settings``: ANIMEGAN_MAX_PIXELS, _MAX_DECODE_BYTES and
+    _DECODE_ISOLATION, with the constants."""
+    return DecodeLimits(max_pixels=settings.max_pixels, max_bytes=settings.max_decode_bytes,
+                        isolation=settings.decode_isolation)
+
+
+def media_limits(settings: Settings) -> MediaLimits:
+    """The media limits of ``settings``: ANIMEGAN_MAX_FRAMES and _MAX_SECONDS; the total
+    is every frame at its largest."""
+    return MediaLimits(max_frames=settings.max_frames, max_seconds=settings.max_seconds,
+                       max_total_pixels=settings.max_frames * MAX_FRAME_PIXELS)
+
+
+def portrait_limits(settings: Settings) -> PortraitLimits:
+    """Portrait mode's settings: ANIMEGAN_PORTRAIT_SCENE_STYLE and _MAX_FACES."""
+    return PortraitLimits(scene_style=settings.portrait_scene_style,
+                          max_faces=settings.portrait_max_faces)
+
+
+def storage_uris(settings: Settings) -> StorageURIs:
+    """The storage URIs of ``settings``: the state falls back to ANIMEGAN_STORAGE_URI."""
+    state = settings.state_storage
+    return StorageURIs(cache=settings.storage_uri, state=state, limiter=limiter_uri(state),
+                       state_key=("ANIMEGAN_STATE_STORAGE_URI" if settings.state_storage_uri
+                                  else "ANIMEGAN_STORAGE_URI"))
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Every derived group of one app's settings, built once in ``init_app``."""
+
+    decode: DecodeLimits
+    media: MediaLimits
+    portrait: PortraitLimits
+    storage: StorageURIs
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Derived:
+        return cls(decode_limits(settings), media_limits(settings), portrait_limits(settings),
+                   storage_uris(settings))

@@ -12,8 +12,8 @@ from flask import Flask
 
 from .cache import NearDuplicateCache, ResultStore
 from .cache.storage import open_storage
-from .convert.converter import Converter, PortraitLimits
-from .config import DEFAULTS, AnimeGANOptions, Settings, unknown_keys
+from .config import DEFAULTS, AnimeGANOptions, Settings, apply_aliases, portrait_limits, unknown_keys
+from .convert.converter import Converter
 from .inputs.isolation import Decoder
 from .jobs.queues import open_queue
 from .jobs.records import JobStore
@@ -117,11 +117,12 @@ class AnimeGAN:
     """
 
     def __init__(self, app: Flask | None = None, **options: Unpack[AnimeGANOptions]) -> None:
-        unknown = {f"ANIMEGAN_{k.upper()}" for k in options} - set(DEFAULTS)
+        self._options = {f"ANIMEGAN_{k.upper()}": v for k, v in options.items()}
+        apply_aliases(self._options)  # old names: a warning, and the new key takes the value
+        unknown = set(self._options) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"unknown AnimeGAN options: {', '.join(sorted(unknown))}; see "
                             "flask_animegan.config.Settings for the valid names")
-        self._options = {f"ANIMEGAN_{k.upper()}": v for k, v in options.items()}
         if app is not None:
             self.init_app(app)
 
@@ -138,6 +139,7 @@ class AnimeGAN:
         if EXTENSION_KEY in app.extensions:
             raise RuntimeError("AnimeGAN is already initialised on this app; call "
                                "init_app once per app")
+        apply_aliases(app.config)  # before the defaults, so that a renamed value counts
         for key, default in DEFAULTS.items():
             app.config.setdefault(key, self._options.get(key, default))
         unknown = unknown_keys(app.config)
@@ -176,8 +178,7 @@ class AnimeGAN:
             decoder, engine, quality=settings.jpeg_quality, cache=cache,
             # at most STATS_SIDE, the tiles' first pass would run the picture whole
             tile_above=max(settings.max_side, tiles.STATS_SIDE),
-            portrait=PortraitLimits(settings.portrait_scene_style, settings.portrait_min_face,
-                                    settings.portrait_max_faces))
+            portrait=portrait_limits(settings))
         jobs = Jobs(settings, self._job_store(settings, secret), job_queue, converter,
                     convert_url=f"{settings.url_prefix.rstrip('/')}/convert")
         service = AnimeGANService(settings, engine, converter, cache, results,
@@ -207,7 +208,7 @@ class AnimeGAN:
     @staticmethod
     def _stores(settings: Settings, secret: Any) -> tuple[NearDuplicateCache, ResultStore]:
         """The result cache at ANIMEGAN_STORAGE_URI, the result pages at
-        ANIMEGAN_RESULT_STORAGE_URI (default: the same). A page store on a Redis that
+        ANIMEGAN_STATE_STORAGE_URI (default: the same). A page store on a Redis that
         evicts when full is named in a warning: cache traffic could evict pages there.
 
         Cache keys carry a digest of the client's address keyed with the app's
@@ -216,10 +217,10 @@ class AnimeGAN:
         cache = NearDuplicateCache(
             open_storage(settings.storage_uri, max_bytes=settings.cache_max_bytes,
                          prefix="animegan:cache:"),
-            ttl=settings.cache_ttl, hash_size=settings.phash_size,
+            ttl=settings.cache_ttl,
             max_distance=settings.phash_max_distance,
             key=secret.encode() if isinstance(secret, str) else bytes(secret or b""))
-        pages = open_storage(settings.result_storage, max_bytes=settings.result_max_bytes,
+        pages = open_storage(settings.state_storage, max_bytes=settings.result_max_bytes,
                              prefix="animegan:page:")
         policy = pages.maxmemory_policy()
         if policy is not None and policy != "noeviction":
@@ -227,7 +228,7 @@ class AnimeGAN:
                         "%s: when it fills up, other traffic (the cache's) can evict a page "
                         "before its time, and its visitor gets a 404. Keep the pages (and the "
                         "rate-limit counts) in a Redis of their own with noeviction "
-                        "(deploy/redis-state.conf): ANIMEGAN_RESULT_STORAGE_URI",
+                        "(deploy/redis-state.conf): ANIMEGAN_STATE_STORAGE_URI",
                         pages.status()["server"], policy)
         results = ResultStore(pages, ttl=settings.result_ttl,
                               max_bytes=settings.result_max_bytes)
@@ -235,16 +236,16 @@ class AnimeGAN:
 
     @staticmethod
     def _job_store(settings: Settings, secret: Any) -> JobStore:
-        """Jobs live where the result pages do (ANIMEGAN_RESULT_STORAGE_URI, else
+        """Jobs live where the result pages do (ANIMEGAN_STATE_STORAGE_URI, else
         ANIMEGAN_STORAGE_URI): with Redis, the noeviction one every worker reaches. In
         memory, a store of their own holding a full queue of the largest uploads beside
         ANIMEGAN_RESULT_MAX_BYTES of results."""
         budget = (settings.result_max_bytes
                   + (settings.job_max_queue + 2) * settings.max_upload_bytes)
-        storage = open_storage(settings.result_storage, max_bytes=budget,
+        storage = open_storage(settings.state_storage, max_bytes=budget,
                                prefix="animegan:")
         key = secret.encode() if isinstance(secret, str) else bytes(secret or b"")
-        return JobStore(storage, ttl=settings.job_ttl, secret=key)
+        return JobStore(storage, ttl=settings.result_ttl, secret=key)
 
     @staticmethod
     def _run_job(app: Flask, job_id: str) -> None:

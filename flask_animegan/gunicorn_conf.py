@@ -2,17 +2,12 @@
 
     gunicorn -c python:flask_animegan.gunicorn_conf yourapp:app
 
-(the repository's ``gunicorn.conf.py`` imports this module, so
-``gunicorn -c gunicorn.conf.py example_app:app`` serves with the same settings).
-
-One worker process holds one copy of the model and runs one inference at a time
-with every core; a few threads accept uploads, decode and encode meanwhile, and
-queue for the model (ANIMEGAN_MAX_QUEUE). Every value can be set from the
-environment; gunicorn's own command-line flags (-b, -w, --threads) override them.
-
-Importing this module imports neither torch nor Flask (``flask_animegan/__init__.py``
-imports its names on first use): the thread caps below must be set before torch is
-imported. gunicorn reads the module once; at a reload (HUP) it keeps the values it read.
+(the repository's ``gunicorn.conf.py`` imports it). One worker holds one copy of the model
+and runs one inference at a time with every core; a few threads accept uploads meanwhile
+and queue for the model. The ANIMEGAN_* values are read through the registry
+(:mod:`flask_animegan.config`, which imports neither torch nor Flask: the thread caps
+below must be set before torch is imported); gunicorn's own flags and
+``GUNICORN_CMD_ARGS`` override them. At a reload (HUP) gunicorn reads this file again.
 """
 
 from __future__ import annotations
@@ -26,68 +21,64 @@ from typing import Any
 
 from gunicorn.glogging import Logger
 
-# Cap the math libraries to the CPUs this process may use *before* torch is
-# imported (the worker imports it when it loads the app): the threadpools size
-# themselves at import time. This mirrors flask_animegan.config.Settings.threads in
-# one line, so that nothing of the package is imported before the caps are set.
-_threads = os.environ.get("ANIMEGAN_TORCH_THREADS") or str(len(os.sched_getaffinity(0)))
-for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-    os.environ.setdefault(_var, _threads)
+from flask_animegan.config import (
+    DEFAULTS,
+    GRACEFUL_TIMEOUT,
+    WORKER_TIMEOUT,
+    ServerSettings,
+    available_cpus,
+    from_environ,
+    gunicorn_overrides,
+)
 
-# Prometheus metrics (ANIMEGAN_METRICS) from several processes: prometheus_client's
-# multiprocess mode keeps each worker's values in files in one folder, which must be
-# set before any worker imports prometheus_client and be emptied at each start.
-_METRICS = os.environ.get("ANIMEGAN_METRICS", "").strip().lower() in ("1", "true", "yes", "on")
+# Only the app settings this file needs: the app reads (and warns about) the rest itself.
+_APP = from_environ({key: value for key, value in os.environ.items() if key in (
+    "ANIMEGAN_TORCH_THREADS", "ANIMEGAN_METRICS", "ANIMEGAN_MAX_QUEUE")})
+_SERVER = ServerSettings.from_environ()
+
+# The math libraries size their threadpools when torch is imported (by the worker).
+_threads = _APP.get("ANIMEGAN_TORCH_THREADS") or available_cpus()
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_var, str(_threads))
+
+# Prometheus metrics from several processes: prometheus_client's multiprocess mode keeps
+# each worker's values in one folder, set before any worker imports it, emptied at start.
+_METRICS = _APP.get("ANIMEGAN_METRICS", False)
 if _METRICS and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     import tempfile
 
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="animegan-metrics-")
 
-bind = os.environ.get("ANIMEGAN_BIND", "127.0.0.1:8000")
-workers = int(os.environ.get("ANIMEGAN_WORKERS", "1"))
-
-
-def _default_threads() -> int:
-    """One thread per conversion the app admits at once (one running, ANIMEGAN_MAX_QUEUE
-    more: flask_animegan/runtime/admission.py), and one more for /healthz and the pages.
-    Read from the environment as the example app reads it, without importing
-    flask_animegan (that imports torch); a value the app cannot use stops it at start."""
-    try:
-        max_queue = int(os.environ.get("ANIMEGAN_MAX_QUEUE", "").strip() or "2")
-    except ValueError:
-        max_queue = 2
-    return 1 + max_queue + 1
-
-
-threads = int(os.environ.get("ANIMEGAN_THREADS") or _default_threads())
+bind = "127.0.0.1:8000"
+workers = 1
 worker_class = "gthread"
+threads = _SERVER.threads_for(_APP.get("ANIMEGAN_MAX_QUEUE", DEFAULTS["ANIMEGAN_MAX_QUEUE"]))
 # A 1024-px conversion on a slow CPU plus a queue of them: allow minutes, not 30 s.
-timeout = int(os.environ.get("ANIMEGAN_WORKER_TIMEOUT", "120"))
-graceful_timeout = int(os.environ.get("ANIMEGAN_GRACEFUL_TIMEOUT", "60"))
-# Slow clients. A connection that sends nothing takes no thread: gthread waits 5 s for
-# its first byte, then parks it and closes it `keepalive` seconds later, as it does idle
-# keep-alive connections. But once a request's first byte arrives, one thread reads its
-# head and the app reads its body with no time limit, so a client trickling a byte a
-# second holds a thread as long as it likes; `timeout` does not end that (it restarts a
-# worker whose main loop stops, and that loop runs whatever the threads do). Here we can
-# only bound the head's size (the body's is ANIMEGAN_MAX_UPLOAD_BYTES); bounding time
-# needs nginx in front (deploy/nginx.conf).
+timeout, graceful_timeout = WORKER_TIMEOUT, GRACEFUL_TIMEOUT
+# Slow clients: gthread parks a connection until its first byte, but then reads the head
+# and the app the body with no time limit; here only their sizes are bounded (the body's
+# is ANIMEGAN_MAX_UPLOAD_BYTES): bounding time needs nginx in front (deploy/nginx.conf).
 keepalive = 5
 limit_request_line = 8190  # method, path and query
 limit_request_fields = 100
 limit_request_field_size = 8190  # one header line
-accesslog = os.environ.get("ANIMEGAN_ACCESS_LOG", "-") or None  # empty: no access log
+accesslog = _SERVER.access_log or None  # empty: no access log
 errorlog = "-"
+loglevel = "info"
+# gunicorn 27 opens a control socket at one path per user, so a second instance would
+# take the first's over: off unless ANIMEGAN_CONTROL_SOCKET gives this one its own path.
+control_socket_disable = not _SERVER.control_socket
+if _SERVER.control_socket:
+    control_socket = _SERVER.control_socket
+globals().update(gunicorn_overrides())  # old names (ANIMEGAN_BIND...), for one release
 
-# A result page's URL (/animegan/result/<token>, and its /anime and /original images) is
-# a capability: whoever has it sees the picture. The access log writes the token nowhere.
+# A result page's URL (/animegan/result/<token>) is a capability: never logged.
 _RESULT_TOKEN = re.compile(r"(/result/)[^/?#\s\"]+")
 
 
 class RedactingLogger(Logger):  # type: ignore[misc]  # gunicorn has no type hints
     """gunicorn's logger, with result tokens replaced by ``<redacted>`` in every atom of
-    the access log (the request line, the path, the referer, any header or environ
-    value a custom access_log_format names)."""
+    the access log."""
 
     def atoms(self, resp: Any, req: Any, environ: dict[str, Any],
               request_time: Any) -> dict[str, Any]:
@@ -97,16 +88,6 @@ class RedactingLogger(Logger):  # type: ignore[misc]  # gunicorn has no type hin
 
 
 logger_class = RedactingLogger
-loglevel = os.environ.get("ANIMEGAN_LOG_LEVEL", "info")
-
-# gunicorn 27 opens a control socket for `gunicornc` (show workers, add or remove them,
-# reload, shut down) at one path per user ($XDG_RUNTIME_DIR/gunicorn.ctl or
-# ~/.gunicorn/gunicorn.ctl), so a second instance takes the first's over and deletes it
-# when it stops. Off unless ANIMEGAN_CONTROL_SOCKET gives this instance a path of its own.
-_control_socket = os.environ.get("ANIMEGAN_CONTROL_SOCKET", "").strip()
-control_socket_disable = not _control_socket
-if _control_socket:
-    control_socket = _control_socket
 
 
 def post_fork(server: Any, worker: Any) -> None:
@@ -115,28 +96,22 @@ def post_fork(server: Any, worker: Any) -> None:
     _keep_the_heap_flat()
     from flask_animegan.process import configure_process
 
-    configure_process(int(_threads))
+    configure_process(_threads)
     if getattr(worker, "animegan_replaces", ()):
         _keep_the_old_workers_if_loading_fails(worker)
 
 
 def post_worker_init(worker: Any) -> None:
-    """Runs in each worker after it loaded the app and before it takes requests: load
-    and warm up the model, so the first conversion is as fast as the next ones
-    (``init_app`` itself loads nothing, which keeps `flask` CLI commands quick). A worker
-    started by a reload warms up first, then stops the old worker it replaces; any other
-    warms up in the background while it already answers (503 until it is ready)."""
+    """Runs in each worker after it loaded the app, before it takes requests: warm up the
+    model (``init_app`` loads nothing). A worker started by a reload warms up first, then
+    stops the old worker it replaces; any other warms up while it answers (503 till ready)."""
     from flask_animegan.service import warm_up_all
 
     _check_threads(worker)
     replaces = getattr(worker, "animegan_replaces", ())
     if not replaces:
-        # No old worker serves meanwhile (a first start, a restart, a respawn): with one
-        # worker (the default), take requests at once and warm up in a thread; until it
-        # is done, conversions and /healthz answer 503 with Retry-After, so nginx tries
-        # another instance instead of leaving requests in this one's backlog. With
-        # several, a worker warms up first, as at a reload: the others serve meanwhile,
-        # and a warming worker's 503s would reach clients that gunicorn gave it.
+        # No old worker serves meanwhile: one worker answers 503 while it warms up (nginx
+        # tries another instance); of several, each warms up first, the others serving.
         warm_up_all(background=worker.cfg.workers == 1)
         return
     try:
@@ -152,16 +127,11 @@ def post_worker_init(worker: Any) -> None:
 
 
 # --- reloads keep serving -------------------------------------------------------------
-# On HUP (the unit's ExecReload) gunicorn re-reads this file, forks new workers and at once
-# stops the old ones (Arbiter.reload: manage_workers stops the oldest beyond num_workers),
-# and a new worker accepts nothing until post_worker_init, the warm-up, has finished: the
-# instance would be silent for the whole warm-up. Instead on_reload raises num_workers so
-# that gunicorn keeps the old workers; each new worker, once warmed up, stops the old ones
-# it replaces with the SIGTERM gunicorn would have sent (they finish the requests in
-# progress); child_exit brings num_workers back down as they go. The new worker signals
-# them itself rather than asking the master (SIGTTOU): Arbiter.reload waits in a loop, up
-# to graceful_timeout, for the old workers to exit, handling no signal meanwhile. The state
-# lives on the master's Arbiter, since each reload runs this file again.
+# On HUP gunicorn forks new workers and at once stops the old ones, and a new worker
+# accepts nothing until its warm-up is done. Instead on_reload raises num_workers so that
+# the old workers stay; each new worker, once warmed up, sends its old ones the SIGTERM
+# gunicorn would have sent (the master handles no signal while Arbiter.reload waits), and
+# child_exit brings num_workers back down. The state lives on the master's Arbiter.
 
 
 def _handover(server: Any) -> dict[str, Any]:
@@ -277,8 +247,6 @@ def _check_threads(worker: Any) -> None:
     """Refuse to serve with too few threads: every conversion the app admits holds a
     thread from its first byte to its response, and one thread must stay free for
     /healthz and the pages (docs/deployment.md). Stops the server (a boot error)."""
-    import sys
-
     from gunicorn.arbiter import Arbiter
 
     from flask_animegan.service import admitted_at_once
@@ -287,17 +255,17 @@ def _check_threads(worker: Any) -> None:
     if threads > admitted:
         return
     worker.log.error(
-        "%s threads (ANIMEGAN_THREADS or --threads) cannot keep a thread free for /healthz "
-        "and the pages: the app admits %s conversions at once (1 + ANIMEGAN_MAX_QUEUE), "
-        "each holding a thread. Set ANIMEGAN_THREADS to %s or more (unset, "
-        "flask_animegan.gunicorn_conf derives ANIMEGAN_MAX_QUEUE + 2), or lower ANIMEGAN_MAX_QUEUE.",
+        "%s threads (ANIMEGAN_SERVER_THREADS or --threads) cannot keep a thread free for "
+        "/healthz and the pages: the app admits %s conversions at once (1 + "
+        "ANIMEGAN_MAX_QUEUE), each holding a thread. Set ANIMEGAN_SERVER_THREADS to %s or "
+        "more (unset: ANIMEGAN_MAX_QUEUE + 2), or lower ANIMEGAN_MAX_QUEUE.",
         threads, admitted, admitted + 1)
     sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 
 def _log_the_package_to_the_error_log(server: Any) -> None:
     """flask_animegan's lines (the style-loaded line at startup, one JSON line per
-    conversion) go to gunicorn's error log at its level (ANIMEGAN_LOG_LEVEL), unless
+    conversion) go to gunicorn's error log at its level (--log-level), unless
     a logging config already gave that logger handlers of its own."""
     import logging
 

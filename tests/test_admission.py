@@ -102,8 +102,9 @@ STAGES = ("reading the upload", "waiting for the decoder", "waiting for the mode
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
 @pytest.mark.parametrize("stage", STAGES)
 def test_the_conversion_after_the_admitted_ones_gets_503_before_its_body_is_read(
-        make_app, endpoint, stage):
-    app = make_app(ANIMEGAN_MAX_QUEUE=MAX_QUEUE, ANIMEGAN_DECODE_SLOTS=1)
+        make_app, endpoint, stage, monkeypatch):
+    monkeypatch.setattr("flask_animegan.config.available_cpus", lambda: 1)  # one decode slot
+    app = make_app(ANIMEGAN_MAX_QUEUE=MAX_QUEUE)
     service = app.extensions["animegan"]
     gate = {"waiting for the decoder": service.decoder.gate.slot(MAX_QUEUE, 60),
             "waiting for the model": service.engine.gate.slot()}.get(stage)
@@ -218,19 +219,19 @@ def test_the_python_api_and_the_cli_are_not_admitted(make_app, tmp_path):
     ({}, 4),  # today's default: 1 running + 2 queued + 1 free
     ({"ANIMEGAN_MAX_QUEUE": "0"}, 2),
     ({"ANIMEGAN_MAX_QUEUE": "8"}, 10),
-    ({"ANIMEGAN_MAX_QUEUE": "8", "ANIMEGAN_THREADS": "16"}, 16),  # set: kept as given
-    ({"ANIMEGAN_MAX_QUEUE": "many"}, 4),  # the app refuses it at start, by name
+    ({"ANIMEGAN_MAX_QUEUE": "8", "ANIMEGAN_SERVER_THREADS": "16"}, 16),  # set: kept as given
 ])
 def test_gunicorn_conf_derives_its_threads_from_the_queue(environ, threads):
     """gunicorn.conf.py, loaded as gunicorn loads it, derives its thread count from the
     settings; it imports the package's settings module (flask_animegan.gunicorn_conf) and
     nothing else of the package (torch would come with it)."""
     env = {key: value for key, value in os.environ.items()
-           if key not in ("ANIMEGAN_MAX_QUEUE", "ANIMEGAN_THREADS")}
+           if not key.startswith("ANIMEGAN_")}
     code = ("import json, runpy, sys; conf = runpy.run_path('gunicorn.conf.py'); "
             "print(json.dumps([conf['threads'], sorted(m for m in sys.modules "
             "if m.split('.')[0] in ('torch', 'flask', 'flask_animegan') "
-            "and m not in ('flask_animegan', 'flask_animegan.gunicorn_conf'))]))")
+            "and m not in ('flask_animegan', 'flask_animegan.config', "
+            "'flask_animegan.gunicorn_conf'))]))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, **environ},
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.splitlines()[-1]) == [threads, []]

@@ -27,6 +27,7 @@ from media import (
 from PIL import Image
 from upload_variants import bit_flips, prefixes
 
+from flask_animegan.config import JOB_STALL_SECONDS
 from flask_animegan.jobs.records import JobState
 
 #: Long side asked for: the test styles at 32 px cost a few ms a frame.
@@ -302,7 +303,7 @@ def test_a_client_whose_worker_died_is_not_refused_for_it(make_app):
     record = jobs.store.create(data, client=address, style="test_style", size=SIZE,
                                kind=info.kind, format=info.format, frames_total=info.frames)
     record.state, record.attempts = JobState.RUNNING, 2
-    record.updated_at = time.time() - app.config["ANIMEGAN_JOB_STALL_SECONDS"] - 1
+    record.updated_at = time.time() - JOB_STALL_SECONDS - 1
     jobs.store.start(record)
     client = app.test_client()
     response = post_job(client, data, environ={"REMOTE_ADDR": address}, size=str(SIZE))
@@ -311,8 +312,9 @@ def test_a_client_whose_worker_died_is_not_refused_for_it(make_app):
     assert stalled["state"] == "failed" and "stopped" in stalled["error"]
 
 
-def test_a_job_counts_against_the_rate_limit_by_its_frames(make_app):
-    client = make_app(ANIMEGAN_RATE_LIMIT="5 per minute", ANIMEGAN_FRAMES_PER_CONVERSION=5,
+def test_a_job_counts_against_the_rate_limit_by_its_frames(make_app, monkeypatch):
+    monkeypatch.setattr("flask_animegan.web.jobs.FRAMES_PER_CONVERSION", 5)
+    client = make_app(ANIMEGAN_RATE_LIMIT="5 per minute",
                       ANIMEGAN_JOBS_PER_CLIENT=10).test_client()
     response = post_job(client, gif_from_photos(12), size=str(SIZE))  # 3 conversions
     assert response.status_code == 202 and response.headers["X-RateLimit-Remaining"] == "2"
@@ -326,9 +328,9 @@ def test_a_job_counts_against_the_rate_limit_by_its_frames(make_app):
                        content_type="image/jpeg").status_code == 429
 
 
-def test_a_file_longer_than_the_whole_rate_limit_says_so(make_app):
-    client = make_app(ANIMEGAN_RATE_LIMIT="3 per minute",
-                      ANIMEGAN_FRAMES_PER_CONVERSION=2).test_client()
+def test_a_file_longer_than_the_whole_rate_limit_says_so(make_app, monkeypatch):
+    monkeypatch.setattr("flask_animegan.web.jobs.FRAMES_PER_CONVERSION", 2)
+    client = make_app(ANIMEGAN_RATE_LIMIT="3 per minute").test_client()
     response = post_job(client, gif_from_photos(10), size=str(SIZE))  # 5 > 3
     assert response.status_code == 429 and "send a shorter clip" in response.get_json()["error"]
 

@@ -288,10 +288,11 @@ def test_a_client_is_not_held_by_a_job_whose_worker_died(service):
 
 
 @pytest.mark.parametrize("attempts", [1, 2])
-def test_the_sweep_settles_a_stalled_job_nobody_reads(make_app, attempts):
+def test_the_sweep_settles_a_stalled_job_nobody_reads(make_app, attempts, monkeypatch):
     """The local queue's sweep, every stall/4 s: a run whose worker stopped reporting is
     queued again and done (first stall) or failed (second), read only from storage."""
-    service = make_app(ANIMEGAN_JOB_STALL_SECONDS=2).extensions["animegan"]
+    monkeypatch.setattr("flask_animegan.jobs.work.JOB_STALL_SECONDS", 2)
+    service = make_app().extensions["animegan"]
     assert service.jobs.sweep_every == 0.5
     first = submit(service, gif_from_photos(3))  # the queue's thread (and sweep) start
     stored(service, first.id, finished)
@@ -461,7 +462,7 @@ def test_a_held_video_shot_at_crf_23_is_converted_once_through_a_job(service):
     assert 10 <= final.frames_reused <= 12, final  # 11 of the 12 held frames
 
 
-def test_a_job_whose_decode_helper_is_starved_runs_again(make_app):
+def test_a_job_whose_decode_helper_is_starved_runs_again(make_app, monkeypatch):
     """A frames helper that gets no CPU (SIGSTOP, as a busy machine starves it) past its
     timeout is the machine's fault, not the file's (a 503 at the door): the job's run
     ends there, the job is queued again, and its second run, with a fresh helper,
@@ -472,8 +473,8 @@ def test_a_job_whose_decode_helper_is_starved_runs_again(make_app):
 
     from flask_animegan.inputs import frames_helper
 
-    service = make_app(ANIMEGAN_DECODE_ISOLATION="process",
-                       ANIMEGAN_DECODE_TIMEOUT=1.0).extensions["animegan"]
+    monkeypatch.setattr("flask_animegan.jobs.work.DECODE_TIMEOUT", 1.0)
+    service = make_app(ANIMEGAN_DECODE_ISOLATION="process").extensions["animegan"]
     data = gif_from_photos(6, size=(96, 64), durations=50)
     record = service.jobs.store.create(data, client=CLIENT, style="test_style", size=96,
                                        kind="animation", format="GIF", frames_total=6)

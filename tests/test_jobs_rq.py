@@ -21,13 +21,14 @@ import pytest
 from media import gif_from_photos
 from PIL import Image
 
+from flask_animegan.config import JOB_STALL_SECONDS
 from flask_animegan.jobs.queues import RQQueue
 from flask_animegan.jobs.records import JobRecord, JobState
 
 pytestmark = [pytest.mark.redis, pytest.mark.server]
 
 REPO = Path(__file__).resolve().parent.parent
-STALL_SECONDS = 4.0
+STALL_SECONDS = JOB_STALL_SECONDS
 SECRET = "jobs-rq-test-secret"
 
 
@@ -39,7 +40,7 @@ def worker_env(models_dir: Path, redis_uri: str) -> dict[str, str]:
         "ANIMEGAN_SHIPPED_STYLES": "false", "ANIMEGAN_BACKEND": "torch",
         "ANIMEGAN_PRECISION": "fp32", "ANIMEGAN_WARMUP_SIZE": "32",
         "ANIMEGAN_SAMPLE_SIZE": "0", "ANIMEGAN_MAX_SIDE": "128",
-        "ANIMEGAN_TORCH_THREADS": "1", "ANIMEGAN_JOB_STALL_SECONDS": str(STALL_SECONDS),
+        "ANIMEGAN_TORCH_THREADS": "1",
     })
     return env
 
@@ -70,8 +71,7 @@ def workers(redis_server, models_dir, tmp_path):
 
 @pytest.fixture
 def service(make_app, redis_server):
-    app = make_app(ANIMEGAN_STORAGE_URI=redis_server.uri, SECRET_KEY=SECRET,
-                   ANIMEGAN_JOB_STALL_SECONDS=STALL_SECONDS)
+    app = make_app(ANIMEGAN_STORAGE_URI=redis_server.uri, SECRET_KEY=SECRET)
     service = app.extensions["animegan"]
     assert isinstance(service.jobs.queue, RQQueue)
     return service

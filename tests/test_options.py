@@ -240,7 +240,7 @@ def test_a_scene_style_that_is_not_installed_stops_the_app_at_start(make_app, fa
         make_app(ANIMEGAN_MODELS_DIR=str(face_models), ANIMEGAN_PORTRAIT_SCENE_STYLE="paprika")
 
 
-@pytest.mark.parametrize("key, value", [("ANIMEGAN_PORTRAIT_MIN_FACE", 0),
+@pytest.mark.parametrize("key, value", [("ANIMEGAN_PORTRAIT_MAX_FACES", 0),
                                         ("ANIMEGAN_PORTRAIT_MAX_FACES", "8"),
                                         ("ANIMEGAN_PORTRAIT_SCENE_STYLE", "")])
 def test_portrait_settings_fail_closed(make_app, key, value):

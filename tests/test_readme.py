@@ -10,7 +10,7 @@ from pathlib import Path
 
 from flask import Flask
 
-from flask_animegan.config import SETTINGS
+from flask_animegan.config import ALIASES, REGISTRY
 from flask_animegan.runtime.catalog import OFFICIAL_STYLES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def test_every_setting_name_in_readme_exists(make_app: Callable[..., Flask]) -> 
         (REPO / "flask_animegan" / "gunicorn_conf.py").read_text(encoding="utf-8")))
     # app.config holds the settings and nothing else of ours (no runtime state)
     app_names = {key for key in make_app().config if key.startswith("ANIMEGAN_")}
-    known = {s.name for s in SETTINGS} | gunicorn_names | app_names
+    known = {s.name for s in REGISTRY} | set(ALIASES) | gunicorn_names | app_names
     unknown = sorted(set(NAME.findall(ALL_TEXT)) - known)
     assert not unknown, f"README.md or docs/ mention settings that do not exist: {unknown}"
 

@@ -225,12 +225,12 @@ def test_an_evicting_redis_for_the_counts_is_named_at_start(make_app, redis_serv
         uri = f"redis://app:pw@127.0.0.1:{redis_server.port}/0"
     else:
         admin.config_set("maxmemory-policy", policy)
-    make_app(ANIMEGAN_RATELIMIT_STORAGE_URI=uri, ANIMEGAN_RATE_LIMIT="5 per minute")
+    make_app(ANIMEGAN_STATE_STORAGE_URI=uri, ANIMEGAN_RATE_LIMIT="5 per minute")
     lines = log_lines(caplog, "the rate-limit storage at ", "maxmemory-policy")
     assert len(lines) == int(warned), lines
     if warned:
         assert policy in lines[0] and "noeviction" in lines[0]
-        assert "ANIMEGAN_RATELIMIT_STORAGE_URI" in lines[0] and "pw" not in lines[0]
+        assert "ANIMEGAN_STATE_STORAGE_URI" in lines[0] and "pw" not in lines[0]
 
 
 # --- through the real gunicorn and redis-server ---------------------------------------------

@@ -154,7 +154,7 @@ def test_the_startup_line_and_one_json_line_per_conversion_reach_gunicorns_log(s
 
 
 def test_animegan_log_level_applies_to_the_package_lines(models_dir, tmp_path):
-    quiet = start(models_dir, tmp_path / "gunicorn.log", ANIMEGAN_LOG_LEVEL="warning")
+    quiet = start(models_dir, tmp_path / "gunicorn.log", GUNICORN_CMD_ARGS="--log-level warning")
     try:
         assert convert(quiet, photo_bytes("rocket")).status_code == 200
         time.sleep(0.5)

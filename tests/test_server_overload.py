@@ -39,7 +39,7 @@ def convert(server: Server, data: bytes, size: int = 128, timeout: float = 120):
 
 
 def test_overload_answers_every_request_and_recovers(models_dir, tmp_path):
-    server = start(models_dir, tmp_path, ANIMEGAN_MAX_QUEUE="2", ANIMEGAN_THREADS="4",
+    server = start(models_dir, tmp_path, ANIMEGAN_MAX_QUEUE="2", ANIMEGAN_SERVER_THREADS="4",
                    ANIMEGAN_MAX_SIDE="512")
     try:
         pid = server.worker_pid()
@@ -73,7 +73,7 @@ def test_a_slow_upload_does_not_block_other_clients(models_dir, tmp_path):
     gunicorn's gthread worker reads the body in the request thread, so each slow client
     costs one thread until it finishes or the timeout hits: put nginx in front (deploy/).
     """
-    server = start(models_dir, tmp_path, ANIMEGAN_THREADS="4")
+    server = start(models_dir, tmp_path, ANIMEGAN_SERVER_THREADS="4")
     stop = threading.Event()
     sent = []
 
@@ -373,11 +373,12 @@ def test_too_few_threads_stop_the_server_naming_the_fix(models_dir, tmp_path):
     the worker refuses to serve, and gunicorn exits naming the settings and the fix."""
     env = {**os.environ, "ANIMEGAN_MODELS_DIR": str(models_dir),
            "ANIMEGAN_DEFAULT_STYLE": "test_style", "ANIMEGAN_MAX_QUEUE": "2",
-           "ANIMEGAN_BIND": f"127.0.0.1:{free_port()}", "ANIMEGAN_ACCESS_LOG": ""}
+           "ANIMEGAN_ACCESS_LOG": ""}
     done = subprocess.run([sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py",
-                           "--threads", "3", "example_app:app"], check=False, cwd=REPO,
+                           "-b", f"127.0.0.1:{free_port()}", "--threads", "3",
+                           "example_app:app"], check=False, cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
-    assert "3 threads (ANIMEGAN_THREADS or --threads)" in done.stderr, done.stderr[-3000:]
+    assert "3 threads (ANIMEGAN_SERVER_THREADS or --threads)" in done.stderr, done.stderr[-3000:]
     assert "admits 3 conversions at once (1 + ANIMEGAN_MAX_QUEUE)" in done.stderr
-    assert "Set ANIMEGAN_THREADS to 4 or more" in done.stderr
+    assert "Set ANIMEGAN_SERVER_THREADS to 4 or more" in done.stderr

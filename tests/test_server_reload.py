@@ -274,7 +274,7 @@ def test_a_new_worker_that_never_gets_ready_leaves_the_old_one_serving(
     # gunicorn's master waits up to the graceful timeout for the old workers to exit after
     # a HUP, starting no worker meanwhile; a short one lets the test see what it does next
     env = instance_env(models, PYTHONPATH=f"{tmp_path / 'app'}:{os.environ.get('PYTHONPATH', '')}",
-                       RELOAD_TEST_BREAK=str(marker), ANIMEGAN_GRACEFUL_TIMEOUT="10")
+                       RELOAD_TEST_BREAK=str(marker), GUNICORN_CMD_ARGS="--graceful-timeout 10")
     server = Server(env, log=tmp_path / "gunicorn.log", app="reload_app:app")
     with server:
         (old,) = master_children(server)

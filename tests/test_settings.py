@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +24,27 @@ import pytest
 from flask import Flask
 
 from flask_animegan import AnimeGAN
+
+REPO = Path(__file__).resolve().parent.parent
 from flask_animegan.config import (
+    ALIASES,
     DEFAULTS,
+    MAX_FRAME_PIXELS,
+    REGISTRY,
+    SERVER_SETTINGS,
     SETTINGS,
+    AnimeGANOptions,
+    Derived,
+    RemovedSettingWarning,
+    ServerSettings,
     Setting,
     SettingError,
     Settings,
+    StorageURIs,
     from_environ,
+    gunicorn_overrides,
+    storage_uris,
+    uri_scheme,
 )
 
 #: Strings each checked setting refuses, beyond its type and range (config.py's checks).
@@ -37,8 +54,8 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
                             "5 per 0 minutes", "5/0 seconds", "1 per hour;5 per 00 minutes"],
     "ANIMEGAN_STORAGE_URI": ["", "localhost:6379", "redis:6379", "http://cache:6379",
                              "memcached://cache:11211"],
-    "ANIMEGAN_RATELIMIT_STORAGE_URI": ["localhost:6379", "redis:6379"],
-    "ANIMEGAN_RESULT_STORAGE_URI": ["localhost:6380", "redis:6380", "http://state:6380"],
+    "ANIMEGAN_STATE_STORAGE_URI": ["localhost:6380", "redis:6380", "http://state:6380",
+                                   "memcached://state:11211"],
     "ANIMEGAN_URL_PREFIX": ["", "animegan", "animegan/", "//evil.example", "/a//b", "/a b",
                             "/anime?x=1", "/anime#top", "/tools/../anime", "/./anime", "/\\x"],
     "ANIMEGAN_WEIGHTS_BASE_URL": ["mirror.local/weights", "ftp://mirror/weights",
@@ -65,10 +82,8 @@ ACCEPTED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_STORAGE_URI": ["memory://", "redis://localhost:6379/0", "rediss://:pw@cache:6380/1",
                              "unix:///run/redis.sock"],
     # empty, as from an empty environment variable: unset
-    "ANIMEGAN_RATELIMIT_STORAGE_URI": ["", "memory://", "redis://localhost:6379/1",
-                                       "redis+unix:///run/redis.sock"],
-    "ANIMEGAN_RESULT_STORAGE_URI": ["", "memory://", "redis://localhost:6380/0",
-                                    "unix:///run/redis-state.sock"],
+    "ANIMEGAN_STATE_STORAGE_URI": ["", "memory://", "redis://localhost:6380/0",
+                                   "unix:///run/redis-state.sock"],
     "ANIMEGAN_URL_PREFIX": ["/", "/anime", "/tools/anime", "/tools/anime/", "/a-b_c.d~e"],
     "ANIMEGAN_WEIGHTS_BASE_URL": ["", "http://127.0.0.1:8080/weights", "https://mirror.example"],
     "ANIMEGAN_EXTRA_STYLES": [{"mine": {"url": "https://x/mine.pt", "sha1": "0" * 40,
@@ -79,7 +94,6 @@ ACCEPTED_STRINGS: dict[str, list[Any]] = {
 }
 #: Settings that need another one to make a valid example valid (rules between settings).
 COMPANIONS: dict[str, dict[str, Any]] = {
-    "ANIMEGAN_PHASH_MAX_DISTANCE": {"ANIMEGAN_PHASH_SIZE": 64},
     "ANIMEGAN_CONTENT_BLOCK": {"ANIMEGAN_BASE_TEMPLATE": "layout.html"},
     "ANIMEGAN_MAX_OUTPUT_SIDE": {"ANIMEGAN_MAX_SIDE": 16},
 }
@@ -159,7 +173,10 @@ def environment_strings(setting: Setting) -> list[str]:
 
 
 ENV_CASES = [pytest.param(s.name, raw, id=f"{s.name}-{raw!r}"[:90])
-             for s in SETTINGS for raw in environment_strings(s)]
+             for s in REGISTRY for raw in environment_strings(s)]
+
+
+SERVER_NAMES = {s.name for s in SERVER_SETTINGS}
 
 
 def build(tmp_path: Path, **config: Any) -> Flask:
@@ -211,8 +228,9 @@ def test_a_wrong_keyword_option_is_refused_the_same_way(tmp_path, key, value):
 
 @pytest.mark.parametrize("key,raw", ENV_CASES)
 def test_from_environ_refuses_a_wrong_string_naming_the_variable(key, raw):
+    read = ServerSettings.from_environ if key in SERVER_NAMES else from_environ
     with pytest.raises(SettingError, match=f"environment variable {key}=") as error:
-        from_environ({key: raw})
+        read({key: raw})
     assert error.value.key == key
 
 
@@ -269,17 +287,16 @@ def test_the_defaults_start_an_app(tmp_path):
 
 def test_environment_values_start_an_app(tmp_path):
     environ = {"ANIMEGAN_MAX_SIDE": "384", "ANIMEGAN_CSRF": "false", "ANIMEGAN_TORCH_THREADS": "",
-               "ANIMEGAN_DECODE_TIMEOUT": "2.5", "ANIMEGAN_RATE_LIMIT": "10 per minute",
+               "ANIMEGAN_QUEUE_TIMEOUT": "2.5", "ANIMEGAN_RATE_LIMIT": "10 per minute",
                "ANIMEGAN_EXTRA_STYLES": '{"mine": {"url": "https://x/m.pt", "sha1": "%s"}}'
                                         % ("a" * 40)}
     app = build(tmp_path, **from_environ(environ))
     settings = app.extensions["animegan"].settings
     assert (settings.max_side, settings.csrf, settings.torch_threads) == (384, False, None)
-    assert settings.decode_timeout == 2.5 and settings.rate_limit == "10 per minute"
+    assert settings.queue_timeout == 2.5 and settings.rate_limit == "10 per minute"
 
 
 @pytest.mark.parametrize("config,key", [
-    ({"ANIMEGAN_PHASH_SIZE": 4, "ANIMEGAN_PHASH_MAX_DISTANCE": 17}, "ANIMEGAN_PHASH_MAX_DISTANCE"),
     ({"ANIMEGAN_CONTENT_BLOCK": "content"}, "ANIMEGAN_CONTENT_BLOCK"),
     ({"ANIMEGAN_MAX_SIDE": 512, "ANIMEGAN_MAX_OUTPUT_SIDE": 384}, "ANIMEGAN_MAX_OUTPUT_SIDE"),
 ])
@@ -309,12 +326,21 @@ def test_an_official_style_not_pulled_yet_may_be_the_default(tmp_path):
     assert build(tmp_path, ANIMEGAN_DEFAULT_STYLE="toon_demo").extensions["animegan"]
 
 
-def test_a_storage_flask_limiter_cannot_count_in_is_refused_at_start(tmp_path):
-    # our storage takes unix://, flask-limiter wants redis+unix://: say which key to set
-    with pytest.raises(RuntimeError, match="ANIMEGAN_RATELIMIT_STORAGE_URI"):
-        build(tmp_path, ANIMEGAN_STORAGE_URI="unix:///nowhere/redis.sock")
-    with pytest.raises(RuntimeError, match="ANIMEGAN_RATELIMIT_STORAGE_URI"):
-        build(tmp_path, ANIMEGAN_RATELIMIT_STORAGE_URI="nosuchstore://x")
+def test_one_state_storage_serves_the_counts_the_pages_and_the_jobs():
+    """Our stores take unix://, flask-limiter spells it redis+unix://: one URI serves both."""
+    default = storage_uris(Settings())
+    assert default == StorageURIs("memory://", "memory://", "memory://", "ANIMEGAN_STORAGE_URI")
+    shared = storage_uris(Settings(storage_uri="unix:///run/redis.sock"))
+    assert (shared.state, shared.limiter) == ("unix:///run/redis.sock",
+                                              "redis+unix:///run/redis.sock")
+    own = storage_uris(Settings(storage_uri="redis://cache:6379/0",
+                                state_storage_uri="rediss://:pw@state:6380/1"))
+    assert (own.cache, own.state, own.limiter, own.state_key) == (
+        "redis://cache:6379/0", "rediss://:pw@state:6380/1", "rediss://:pw@state:6380/1",
+        "ANIMEGAN_STATE_STORAGE_URI")
+    assert Settings(state_storage_uri="redis://state:6380/0").job_queue_kind == "rq"
+    assert [uri_scheme(u) for u in ("REDIS://x", "unix:///s", "memory://", "x")] == [
+        "redis", "unix", "memory", ""]
 
 
 def test_an_unknown_key_is_refused_naming_the_likely_setting(tmp_path):
@@ -334,3 +360,126 @@ def test_config_changed_after_init_app_is_not_read(tmp_path):
     app.config["ANIMEGAN_TRUSTED_PROXIES"] = "junk"
     assert app.extensions["animegan"].settings.url_prefix == "/anime"
     assert app.test_client().get("/anime/styles").status_code == 200
+
+
+# -- the registry's size, old names, gunicorn's settings, the derived groups ----------------
+def test_the_registry_is_one_list_of_at_most_52_names():
+    names = [s.name for s in REGISTRY]
+    assert len(names) == len(set(names)) <= 52
+    assert not set(ALIASES) & set(names)  # an old name is no setting
+    assert all(alias.new in names for alias in ALIASES.values() if alias.new)
+    # AnimeGAN(**options) is typed by a TypedDict kept equal to the app's fields
+    assert set(AnimeGANOptions.__annotations__) == {s.field for s in SETTINGS}
+
+
+def old_value(old: str) -> Any:
+    """A value the old name took that its replacement takes too."""
+    if "STORAGE_URI" in old:
+        return "memory://"
+    return {"ANIMEGAN_JOB_TTL": 120, "ANIMEGAN_THREADS": 6}.get(old, 7)
+
+
+APP_ALIASES = [old for old, alias in ALIASES.items() if not alias.server]
+SERVER_ALIASES = [old for old, alias in ALIASES.items() if alias.server]
+
+
+def expected_words(old: str) -> str:
+    alias = ALIASES[old]
+    return alias.new or alias.fix.split(",")[0]
+
+
+@pytest.mark.parametrize("old", APP_ALIASES)
+def test_every_old_name_starts_the_app_with_one_warning_naming_its_replacement(tmp_path, old):
+    with pytest.warns(RemovedSettingWarning) as warned:
+        app = build(tmp_path, **{old: old_value(old)})
+    assert len(warned) == 1 and old in str(warned[0].message)
+    assert expected_words(old) in str(warned[0].message)
+    assert old not in app.config  # taken out, so that no part reads it
+    alias = ALIASES[old]
+    if alias.new:  # a renamed key's value counts under its new name
+        settings = app.extensions["animegan"].settings
+        assert getattr(settings, alias.new.removeprefix("ANIMEGAN_").lower()) == old_value(old)
+
+
+@pytest.mark.parametrize("old", APP_ALIASES)
+def test_old_names_warn_once_from_the_environment_and_as_options(tmp_path, old):
+    with pytest.warns(RemovedSettingWarning) as warned:
+        found = from_environ({old: str(old_value(old))})
+    assert len(warned) == 1 and expected_words(old) in str(warned[0].message)
+    assert found == ({ALIASES[old].new: old_value(old)} if ALIASES[old].new else {})
+    app = Flask("settings_test")
+    app.config.update(SECRET_KEY="x", ANIMEGAN_MODELS_DIR=str(tmp_path), ANIMEGAN_WARMUP_SIZE=0)
+    with pytest.warns(RemovedSettingWarning) as warned:
+        AnimeGAN(app, **{old.removeprefix("ANIMEGAN_").lower(): old_value(old)})
+    assert len(warned) == 1 and "animegan" in app.extensions
+
+
+def test_a_new_name_wins_over_its_old_one(tmp_path):
+    with pytest.warns(RemovedSettingWarning, match="ANIMEGAN_JOB_TTL"):
+        app = build(tmp_path, ANIMEGAN_JOB_TTL=120, ANIMEGAN_RESULT_TTL=600)
+    assert app.extensions["animegan"].settings.result_ttl == 600
+    with pytest.warns(RemovedSettingWarning):
+        assert from_environ({"ANIMEGAN_JOB_TTL": "120", "ANIMEGAN_RESULT_TTL": "600"}) == {
+            "ANIMEGAN_RESULT_TTL": 600}
+
+
+@pytest.mark.parametrize("old", SERVER_ALIASES)
+def test_old_gunicorn_names_warn_once_and_still_apply(old):
+    alias = ALIASES[old]
+    with pytest.warns(RemovedSettingWarning) as warned:
+        server = ServerSettings.from_environ({old: "6"})
+        overrides = gunicorn_overrides({old: "6"})
+    assert len(warned) == 1 and expected_words(old) in str(warned[0].message)
+    if alias.new:
+        assert server.server_threads == 6 and not overrides
+    else:
+        assert overrides == {alias.gunicorn: "6"}
+
+
+def run_gunicorn_conf(**environ: str) -> subprocess.CompletedProcess[str]:
+    """gunicorn.conf.py loaded as gunicorn loads it, in a fresh process."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ANIMEGAN_")}
+    code = ("import json, runpy; conf = runpy.run_path('gunicorn.conf.py'); print(json.dumps("
+            "{k: conf[k] for k in ('threads', 'bind', 'accesslog', 'timeout', "
+            "'control_socket_disable')}))")
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**env, **environ},
+                          capture_output=True, text=True)
+
+
+def test_gunicorn_conf_reads_the_registry():
+    conf = json.loads(run_gunicorn_conf(ANIMEGAN_MAX_QUEUE="8", ANIMEGAN_ACCESS_LOG="",
+                                        ANIMEGAN_CONTROL_SOCKET="/run/x.ctl").stdout)
+    assert conf == {"threads": 10, "bind": "127.0.0.1:8000", "accesslog": None,
+                    "timeout": 120, "control_socket_disable": False}
+    old = run_gunicorn_conf(ANIMEGAN_THREADS="16", ANIMEGAN_BIND="0.0.0.0:9000")
+    assert json.loads(old.stdout.splitlines()[-1])["threads"] == 16
+    assert json.loads(old.stdout.splitlines()[-1])["bind"] == "0.0.0.0:9000"
+    assert old.stderr.count("RemovedSettingWarning") == 2
+    assert "ANIMEGAN_SERVER_THREADS" in old.stderr and "--bind" in old.stderr
+    wrong = run_gunicorn_conf(ANIMEGAN_SERVER_THREADS="0")
+    assert wrong.returncode and "environment variable ANIMEGAN_SERVER_THREADS=" in wrong.stderr
+
+
+def test_the_derived_groups_are_built_once_from_the_settings():
+    settings = Settings(max_frames=100, max_seconds=60.0, max_pixels=1000, max_decode_bytes=2000,
+                        decode_isolation="thread", portrait_max_faces=12)
+    derived = Derived.from_settings(settings)
+    assert (derived.media.max_frames, derived.media.max_seconds) == (100, 60.0)
+    assert derived.media.max_total_pixels == 100 * MAX_FRAME_PIXELS
+    assert (derived.decode.max_pixels, derived.decode.max_bytes, derived.decode.isolation) == (
+        1000, 2000, "thread")
+    assert derived.portrait.max_faces == 12
+    assert settings.job_timeout == 300  # 3 s a frame
+
+
+def test_a_gunicorn_setting_in_app_config_is_refused_without_a_wrong_guess(tmp_path):
+    with pytest.raises(RuntimeError, match="ANIMEGAN_SERVER_THREADS is not a setting; remove") \
+            as error:
+        build(tmp_path, ANIMEGAN_SERVER_THREADS=8)
+    assert "TORCH_THREADS" not in str(error.value)
+
+
+def test_a_socket_in_flask_limiters_spelling_is_taken_for_the_state_storage():
+    with pytest.warns(RemovedSettingWarning, match="ANIMEGAN_STATE_STORAGE_URI"):
+        found = from_environ({"ANIMEGAN_RATELIMIT_STORAGE_URI": "redis+unix:///run/r.sock"})
+    assert found == {"ANIMEGAN_STATE_STORAGE_URI": "unix:///run/r.sock"}

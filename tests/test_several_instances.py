@@ -529,8 +529,7 @@ def test_one_clients_churn_leaves_anothers_page_and_count_intact(models_dir, tmp
         used = int(cache_client.info("memory")["used_memory"])
         cache_client.config_set("maxmemory", used + (1 << 20))
         env = {**instance_env(models_dir, cache.uri), "ANIMEGAN_RATE_LIMIT": "5 per 10 minutes",
-               "ANIMEGAN_RATELIMIT_STORAGE_URI": state.uri,
-               "ANIMEGAN_RESULT_STORAGE_URI": state.uri}
+               "ANIMEGAN_STATE_STORAGE_URI": state.uri}
         with Server(env, log=tmp_path / "gunicorn.log") as server:
             victim = Client()
             posted = upload_with_form(victim, page_from=server, post_to=server)

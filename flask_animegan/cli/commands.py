@@ -318,7 +318,7 @@ def worker_command(burst: bool, name: str | None) -> None:
     """Convert queued jobs (animations, videos) from the RQ queue on Redis, one at a time.
 
     Run as many as you like, on any machine that reaches the Redis of
-    ANIMEGAN_RESULT_STORAGE_URI (else ANIMEGAN_STORAGE_URI), with the same settings and
+    ANIMEGAN_STATE_STORAGE_URI (else ANIMEGAN_STORAGE_URI), with the same settings and
     styles as the web app. Each loads and warms up the default style once, then takes
     jobs with the same thread caps and backend choice as a web process. Each also sweeps
     the jobs every few seconds: a job whose worker stopped reporting (killed, its machine
@@ -335,7 +335,7 @@ def worker_command(burst: bool, name: str | None) -> None:
     if not isinstance(queue, RQQueue):
         raise click.UsageError(
             "this app's jobs run in its own process (ANIMEGAN_JOB_QUEUE is local, or auto "
-            "without Redis): set ANIMEGAN_RESULT_STORAGE_URI or ANIMEGAN_STORAGE_URI to "
+            "without Redis): set ANIMEGAN_STATE_STORAGE_URI or ANIMEGAN_STORAGE_URI to "
             "redis://host:6380/0 to queue them on RQ for workers")
     service.warm_up()
     queue.work(burst=burst, name=name)

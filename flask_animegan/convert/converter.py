@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from ..config import PortraitLimits
 from ..errors import ConversionError, Overloaded
 from ..inputs.decoding import DecodedUpload, fit, fitted_size, to_rgb
 from ..outputs.stills import MIME_TYPES, encode
@@ -33,16 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Seconds between two tries of a frame while web conversions fill the model's queue.
 BUSY_WAIT = 0.5
-
-
-@dataclass(frozen=True)
-class PortraitLimits:
-    """Portrait mode's settings: the scene style (None: the default style), the smallest
-    face converted, the most faces per picture."""
-
-    scene_style: str | None = None
-    min_face: int = 48
-    max_faces: int = 8
 
 
 @dataclass

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
+from ..config import PHASH_SIZE
+
 #: Largest shift of the whole picture's mean, in levels (a fade moves it, noise does not).
 SHIFT_LEVELS = 0.5
 #: Largest mean absolute difference of any 8x8 block, in levels (motion moves it).
@@ -20,7 +22,7 @@ BLOCK_LEVELS = 5.0
 #: Largest Hamming distance between the two 256-bit phashes (the cache's hash).
 PHASH_BITS = 6
 BLOCK = 8
-HASH_SIZE = 16  # ANIMEGAN_PHASH_SIZE's default: the hash the cache keeps
+HASH_SIZE = PHASH_SIZE  # the hash the cache keeps
 
 
 @dataclass

@@ -25,7 +25,14 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-from ..config import ISOLATIONS, Settings
+from ..config import (
+    DECODE_TIMEOUT,
+    ISOLATIONS,
+    MAX_ASPECT_RATIO,
+    MAX_JPEG_SCANS,
+    Settings,
+    media_limits,
+)
 from ..errors import (
     BadImage,
     ConversionError,
@@ -119,11 +126,11 @@ class Decoder:
         """A decoder with the ANIMEGAN_MAX_*, DECODE_* and queue settings."""
         return cls(limits=DecodeLimits(max_pixels=settings.max_pixels,
                                        max_bytes=settings.max_decode_bytes,
-                                       max_aspect=settings.max_aspect_ratio,
-                                       max_scans=settings.max_jpeg_scans),
-                   isolation=settings.decode_isolation, timeout=settings.decode_timeout,
+                                       max_aspect=MAX_ASPECT_RATIO,
+                                       max_scans=MAX_JPEG_SCANS),
+                   isolation=settings.decode_isolation, timeout=DECODE_TIMEOUT,
                    slots=settings.decoders, max_queue=settings.max_queue,
-                   queue_timeout=settings.queue_timeout, media=MediaLimits.from_settings(settings))
+                   queue_timeout=settings.queue_timeout, media=media_limits(settings))
 
     def start(self) -> None:
         """Start a helper process now, so that the first upload does not wait for one."""

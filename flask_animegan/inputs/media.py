@@ -37,7 +37,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..config import Settings
+from ..config import MediaLimits as MediaLimits
 from ..errors import BadImage, ConversionError, ImageTooLarge, UnsupportedImage
 from . import decoding
 from .decoding import DecodeLimits
@@ -57,27 +57,6 @@ DEFAULT_DURATION_MS = 100
 #: What a video's header may understate: the frame rate may run this much above the
 #: limit over the first second before decoding stops (variable frame rates jitter).
 _FPS_GRACE_S = 1.0
-
-
-@dataclass(frozen=True)
-class MediaLimits:
-    """What one animation or video may hold. The defaults match the ``ANIMEGAN_*`` defaults."""
-
-    max_frames: int = 600
-    max_seconds: float = 30.0
-    max_fps: float = 60.0
-    #: per frame
-    max_pixels: int = 4_000_000
-    #: frames times pixels a frame
-    max_total_pixels: int = 600 * 1_000_000
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> MediaLimits:
-        """The limits of ANIMEGAN_MAX_FRAMES, _MAX_SECONDS, _MAX_FPS and _MAX_FRAME_PIXELS
-        (the total: the default, 600 frames of a megapixel)."""
-        return cls(max_frames=settings.max_frames, max_seconds=settings.max_seconds,
-                   max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels,
-                   max_total_pixels=settings.max_frames * settings.max_frame_pixels)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from ..config import REDIS_SCHEMES, SettingError, Settings
+from ..config import SettingError, Settings, is_redis
 from ..errors import Overloaded
 
 log = logging.getLogger("flask_animegan")
@@ -188,7 +188,7 @@ class RQQueue(JobQueue):
             waiting = self.queue.count
             if waiting >= self.max_queue:
                 raise _full(waiting)
-            # RQ's own timeout is a backstop: run_job stops at ANIMEGAN_JOB_TIMEOUT itself
+            # RQ's own timeout is a backstop: run_job stops at the job timeout itself
             self.queue.enqueue(ENTRY_POINT, job_id, job_id=self.rq_id(job_id, attempt),
                                job_timeout=self.job_timeout + 60, result_ttl=0,
                                failure_ttl=self.ttl, ttl=self.ttl)
@@ -246,20 +246,20 @@ class RQQueue(JobQueue):
 
 
 def open_queue(settings: Settings, runner: Callable[[str], None]) -> JobQueue:
-    """The queue ANIMEGAN_JOB_QUEUE names; SettingError for ``rq`` without Redis or rq."""
-    uri = settings.result_storage
+    """The queue ANIMEGAN_JOB_QUEUE names (``auto``: RQ when the jobs' storage is Redis);
+    :class:`SettingError` for ``rq`` without a Redis or without the ``rq`` package."""
+    uri = settings.state_storage
     kind = settings.job_queue_kind
     if kind == "local":
         return LocalQueue(runner, max_queue=settings.job_max_queue)
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    if scheme not in REDIS_SCHEMES:
+    if not is_redis(uri):
         raise SettingError("ANIMEGAN_JOB_QUEUE", (
             "ANIMEGAN_JOB_QUEUE='rq' needs a Redis for the queue: set "
-            "ANIMEGAN_RESULT_STORAGE_URI (or ANIMEGAN_STORAGE_URI) to redis://host:6380/0, "
+            "ANIMEGAN_STATE_STORAGE_URI (or ANIMEGAN_STORAGE_URI) to redis://host:6380/0, "
             "or use 'local' (one in-process worker, single machine) or 'auto'"))
     try:
         return RQQueue(uri, max_queue=settings.job_max_queue,
-                       job_timeout=settings.job_timeout, ttl=settings.job_ttl)
+                       job_timeout=settings.job_timeout, ttl=settings.result_ttl)
     except ImportError:
         raise SettingError("ANIMEGAN_JOB_QUEUE", (
             "jobs on Redis need RQ: pip install 'flask-animegan[jobs]', or set "

@@ -27,7 +27,7 @@ from typing import Any
 
 from flask import current_app
 
-from ..config import Settings
+from ..config import JOB_SECONDS_PER_FRAME, JOB_STALL_SECONDS, Settings
 from ..convert.converter import Converter
 from ..convert.request import ConvertRequest, Options
 from ..errors import ConversionError, Overloaded
@@ -84,7 +84,7 @@ class Jobs:
     def sweep_every(self) -> float:
         """Seconds between two sweeps of a worker: SWEEP_EVERY, or a quarter of
         ANIMEGAN_JOB_STALL_SECONDS when that is shorter."""
-        return min(SWEEP_EVERY, self.settings.job_stall_seconds / 4)
+        return min(SWEEP_EVERY, JOB_STALL_SECONDS / 4)
 
     # -- at the door (the web process) -------------------------------------------------
     def probe(self, data: bytes) -> MediaInfo:
@@ -130,7 +130,7 @@ class Jobs:
 
     def _stalled(self, record: JobRecord) -> bool:
         return (record.state == JobState.RUNNING
-                and time.time() - record.updated_at > self.settings.job_stall_seconds)
+                and time.time() - record.updated_at > JOB_STALL_SECONDS)
 
     def settle(self, record: JobRecord) -> JobRecord:
         """A running job whose worker stopped reporting is queued again (once) or failed:
@@ -138,7 +138,7 @@ class Jobs:
         the one that claims it does; the others get the record as stored."""
         if not self._stalled(record):
             return record
-        stall = self.settings.job_stall_seconds
+        stall = JOB_STALL_SECONDS
         if not self.store.claim(record.id, f"settle-{record.attempts}", stall):
             return self.store.get(record.id) or record
         current = self.store.get(record.id)  # it may have reported since it was read
@@ -199,7 +199,7 @@ class Jobs:
                                                   "took the job; send it again")
             return
         if not self.store.claim(job_id, f"run-{record.attempts + 1}",
-                                self.settings.job_stall_seconds):
+                                JOB_STALL_SECONDS):
             return  # a second entry of this run in the queue: another worker has it
         record.state, record.attempts = JobState.RUNNING, record.attempts + 1
         record.started_at = record.updated_at = time.time()
@@ -246,7 +246,8 @@ class Jobs:
             if time.monotonic() > deadline:
                 raise ConversionError(
                     f"the job took longer than {self.settings.job_timeout} s "
-                    "(ANIMEGAN_JOB_TIMEOUT); send a shorter or smaller file")
+                    f"({JOB_SECONDS_PER_FRAME} s a frame of ANIMEGAN_MAX_FRAMES); send a "
+                    "shorter or smaller file")
             if time.monotonic() - last_report >= REPORT_EVERY:
                 self._report(record, started)
                 last_report = time.monotonic()

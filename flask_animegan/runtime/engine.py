@@ -131,7 +131,7 @@ class InferenceEngine:
                    max_loaded=settings.max_loaded_styles, max_queue=settings.max_queue,
                    queue_timeout=settings.queue_timeout, precision=settings.precision,
                    backend=settings.backend, model_cache_dir=model_cache_dir(settings),
-                   events=events, pad_multiple=settings.pad_multiple,
+                   events=events,
                    shipped_dir=SHIPPED_STYLES_DIR if settings.shipped_styles else None)
 
     # -- styles (the registry's) ---------------------------------------------------

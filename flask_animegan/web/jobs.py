@@ -42,6 +42,7 @@ from flask import (
 )
 from werkzeug.wrappers import Response as BaseResponse
 
+from ..config import FRAMES_PER_CONVERSION
 from ..errors import BadParameter, ConversionError, Overloaded, UnsupportedImage
 from ..inputs.media import MediaInfo
 from ..jobs.queues import FULL_RETRY_AFTER

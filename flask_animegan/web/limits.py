@@ -29,7 +29,7 @@ from limits.storage import Storage as CountStorage
 from werkzeug.exceptions import HTTPException
 
 from ..cache.storage.base import StoreHealth
-from ..config import Settings
+from ..config import Settings, storage_uris, uri_scheme
 from ..service import get_service
 from . import csrf
 from .blueprint import blueprint
@@ -172,13 +172,14 @@ class FallbackCounts(CountStorage, MovingWindowSupport, SlidingWindowCounterSupp
 
 def counted_uri(uri: str) -> str:
     """The storage URI our Limiter is given: a Redis one through :class:`FallbackCounts`."""
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
-    return WRAPPED + uri if scheme in COUNTED_SCHEMES else uri
+    return WRAPPED + uri if uri_scheme(uri) in COUNTED_SCHEMES else uri
 
 
 def own_limiter(app: Flask, settings: Settings) -> Limiter:
-    """A Limiter for an app that has none, counting in the rate-limit storage."""
-    uri = counted_uri(settings.ratelimit_storage)
+    """A Limiter for an app that has none, counting at ANIMEGAN_STATE_STORAGE_URI; while
+    Redis is unreachable or full it counts in this process (:class:`FallbackCounts`)."""
+    storage = storage_uris(settings)
+    uri = counted_uri(storage.limiter)
     # passed on to redis-py, which takes float timeouts (flask-limiter types them str | int)
     options: dict[str, Any] = {}
     if uri.startswith(WRAPPED):
@@ -194,12 +195,9 @@ def own_limiter(app: Flask, settings: Settings) -> Limiter:
         limiter = Limiter(client_address, app=app, headers_enabled=False, storage_uri=uri,
                           storage_options=options, in_memory_fallback_enabled=True)
     except Exception as exc:  # noqa: BLE001 - flask-limiter's ConfigurationError, a missing driver
-        key = ("ANIMEGAN_RATELIMIT_STORAGE_URI" if settings.ratelimit_storage_uri
-               else "ANIMEGAN_STORAGE_URI")
-        scheme = settings.ratelimit_storage.split("://")[0]
-        raise ValueError(f"{key}: flask-limiter cannot count in {scheme}:// "
-                         f"({exc}); set ANIMEGAN_RATELIMIT_STORAGE_URI to memory:// or "
-                         "redis://host:6379/0 (redis+unix:///path for a socket)") from None
+        raise ValueError(f"{storage.state_key}: flask-limiter cannot count in "
+                         f"{uri_scheme(storage.limiter)}:// ({exc}); set "
+                         "ANIMEGAN_STATE_STORAGE_URI to memory:// or redis://host:6379/0") from None
     if settings.rate_limit and isinstance(limiter.storage, FallbackCounts):
         warn_if_evicting(limiter.storage)
     return limiter
@@ -214,7 +212,7 @@ def warn_if_evicting(counts: FallbackCounts) -> None:
             "fills up, Redis may evict rate-limit counts, and a client whose count is gone "
             "converts again at once. Keep the counts (and the result pages) in a Redis of "
             "their own with maxmemory-policy noeviction (deploy/redis-state.conf) and set "
-            "ANIMEGAN_RATELIMIT_STORAGE_URI and ANIMEGAN_RESULT_STORAGE_URI to it; the "
+            "ANIMEGAN_STATE_STORAGE_URI to it; the "
             "cache alone stays in the LRU one (ANIMEGAN_STORAGE_URI)",
             counts.health.address, policy)
 

@@ -13,6 +13,7 @@ from typing import Any
 from flask import request, url_for
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from ..config import FRAMES_PER_CONVERSION
 from ..convert.converter import Conversion
 from ..convert.request import ConvertRequest
 from ..errors import BadImage, ConversionError, Overloaded, UnsupportedImage
@@ -126,7 +127,7 @@ def job_for_convert(info: MediaInfo) -> SendElsewhere:
 
 # -- jobs at the door ------------------------------------------------------------------
 def _conversions(frames: int) -> int:
-    return max(1, math.ceil(frames / get_service().settings.frames_per_conversion))
+    return max(1, math.ceil(frames / FRAMES_PER_CONVERSION))
 
 
 def _charge_frames(info: MediaInfo) -> None:
@@ -153,7 +154,7 @@ def _charge_frames(info: MediaInfo) -> None:
         if not fits:
             wait = max(1, int(item.get_expiry()))
             what = (f"{info.frames} frames count as {cost} conversions "
-                    f"({service.settings.frames_per_conversion} frames each)")
+                    f"({FRAMES_PER_CONVERSION} frames each)")
             if cost > item.amount:
                 raise TooManyJobs(f"this file is too long for the rate limit: its {what}, "
                                   f"more than the limit of {item}; send a shorter clip",

@@ -4,7 +4,7 @@ in this process, or Redis shared by every instance (redis-py imported only then)
 
 from __future__ import annotations
 
-from ...config import REDIS_SCHEMES, STORAGE_SCHEMES
+from ...config import REDIS_SCHEMES, STORAGE_SCHEMES, uri_scheme
 from .base import Storage
 from .memory import MemoryStorage
 
@@ -12,9 +12,12 @@ __all__ = ["MemoryStorage", "Storage", "open_storage"]
 
 
 def open_storage(uri: str, *, max_bytes: int, prefix: str) -> Storage:
-    """The storage for ``uri``: memory of ``max_bytes``, or Redis under ``prefix``;
-    ``ValueError`` for another scheme, ``ImportError`` without redis-py."""
-    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    """The storage for ``uri``: a :class:`MemoryStorage` of ``max_bytes``, or a Redis one
+    whose keys start with ``prefix`` (``max_bytes`` is then Redis ``maxmemory``'s job).
+
+    Raises ``ValueError`` for another scheme, ``ImportError`` when redis-py is missing.
+    """
+    scheme = uri_scheme(uri)
     if scheme == "memory":
         return MemoryStorage(max_bytes)
     if scheme in REDIS_SCHEMES:

@@ -11,12 +11,12 @@ import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
-from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ...config import uri_scheme
 from .base import Storage, StoreHealth
 
 log = logging.getLogger("flask_animegan")
@@ -88,7 +88,7 @@ def _address(uri: str, client: redis.Redis) -> str:
     if "path" in options:
         return f"unix://{options['path']}?db={db}"
     host, port = options.get("host", "localhost"), options.get("port", 6379)
-    return f"{urlsplit(uri).scheme.lower()}://{host}:{port}/{db}"
+    return f"{uri_scheme(uri)}://{host}:{port}/{db}"
 
 
 def _milliseconds(ttl: float) -> int:
