@@ -1,6 +1,6 @@
 """ANIMEGAN_PAD_MULTIPLE: pictures reflect-padded to a multiple before the network and
-cropped back (issue 29's odd sizes; ``python -m bench.odd_sizes`` tells whether a CPU's
-kernels want it)."""
+cropped back, for CPUs whose kernels are slow on odd sizes (``python -m bench.odd_sizes``
+tells whether a CPU's kernels want it)."""
 
 from __future__ import annotations
 
