@@ -1,8 +1,5 @@
-"""Prometheus metrics (``ANIMEGAN_METRICS``), served at ``{prefix}/metrics``.
-
-Under gunicorn, ``PROMETHEUS_MULTIPROC_DIR`` lets a scrape sum every worker's values;
-without it each app has its own registry, so two apps never mix counts.
-"""
+"""Prometheus metrics (``ANIMEGAN_METRICS``) at ``{prefix}/metrics``. ``PROMETHEUS_MULTIPROC_DIR``
+sums gunicorn's workers; without it each app has its own registry, so apps never mix counts."""
 
 from __future__ import annotations
 
@@ -68,7 +65,6 @@ class Metrics:
             "animegan_model_load_seconds", "Seconds the last load of a style's weights took.",
             ["style"], registry=registry, multiprocess_mode="max")
 
-    # -- engine events -------------------------------------------------------------
     def queue_changed(self, in_flight: int, queued: int) -> None:
         self.in_flight.set(in_flight)
         self.queue_depth.set(queued)
@@ -76,7 +72,6 @@ class Metrics:
     def model_loaded(self, style: str, seconds: float) -> None:
         self.model_load_seconds.labels(style).set(seconds)
 
-    # -- per request ---------------------------------------------------------------
     def request_done(self, endpoint: str | None, status: int) -> None:
         self.requests.labels(endpoint or "unknown", str(status)).inc()
 
@@ -89,7 +84,7 @@ class Metrics:
             self.stage_seconds.labels(stage).observe(ms / 1000)
         if cache_enabled:
             self.cache_lookups.labels("hit" if conversion.cache_hit else "miss").inc()
-            if cache_bytes is not None:  # Redis: its own INFO memory tells
+            if cache_bytes is not None:  # None for Redis: its INFO memory tells
                 self.cache_bytes.set(cache_bytes)
 
     def exposition(self) -> tuple[bytes, str]:

@@ -1,4 +1,4 @@
-"""The page's options in Chromium (issue 28): portrait mode on a group photo and
+"""The page's options in a real browser (Chromium): portrait mode on a group photo and
 ``colors=keep``, through the real gunicorn; screenshots in artifacts/screenshots/."""
 
 from __future__ import annotations

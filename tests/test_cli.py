@@ -523,7 +523,7 @@ def tree(root: Path, leave_out: Path) -> dict[str, tuple[int, int, int]]:
 @pytest.mark.parametrize("overwrite", [False, True], ids=["keep", "overwrite"])
 def test_convert_survives_a_hostile_folder(models_dir: Path, tmp_path: Path,
                                            overwrite: bool) -> None:
-    """The issue's acceptance: a photo, a symlink to a photo, and every bad kind in one
+    """A hostile input folder: a photo, a symlink to a photo, and every bad kind in one
     folder, plus output symlinks pointing outside -o: the command finishes, converts the
     photos, prints one line per bad entry, writes nothing outside -o, exits 1, and never
     holds the 3 GiB file in memory."""

@@ -185,7 +185,7 @@ def test_a_4096_px_keep_stays_within_a_band_of_its_output():
 
 @pytest.mark.slow
 def test_keep_halves_the_colour_distance_on_six_photos_with_toon_demo():
-    """The issue's acceptance: the mean CIEDE2000 distance to the input drops by at least
+    """What colour keeping is for: the mean CIEDE2000 distance to the input drops by at least
     50 % with keep against off; luma brings the mean brightness within a level."""
     rows = bench_colors.fidelity(bench_colors.Converter(SHIPPED_STYLES_DIR / "toon_demo.pt"))
     summary = bench_colors.summary(rows)

@@ -1,6 +1,6 @@
-"""The conversions' rate limit counts what costs CPU (issue 30) and large outputs cost more
-(issue 28): refusals made before anything is decoded take nothing; a photo over
-ANIMEGAN_MAX_SIDE takes ceil((size / ANIMEGAN_MAX_SIDE)^2), at most the whole window.
+"""The conversions' rate limit charges a client for the CPU it costs: refusals made before
+anything is decoded take nothing; a photo over ANIMEGAN_MAX_SIDE takes
+ceil((size / ANIMEGAN_MAX_SIDE)^2), at most the whole window.
 """
 
 from __future__ import annotations

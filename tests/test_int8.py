@@ -1,4 +1,4 @@
-"""INT8 (issue 29): ANIMEGAN_PRECISION=int8 quantises each style once with NNCF (cached
+"""INT8 inference: ANIMEGAN_PRECISION=int8 quantises each style once with NNCF (cached
 under ANIMEGAN_MODEL_CACHE_DIR), and a style serves in INT8 only where it passes the
 fidelity guard (35 dB at two sizes); one that fails is served in OpenVINO fp32."""
 

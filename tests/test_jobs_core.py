@@ -23,6 +23,7 @@ from PIL import Image
 from flask_animegan.errors import ConversionError, Overloaded
 from flask_animegan.convert import repeats
 from flask_animegan.jobs.records import JobRecord, JobState
+from flask_animegan.jobs import work
 from flask_animegan.jobs.work import INTERNAL, STALLED
 
 CLIENT = "127.0.0.1"
@@ -255,7 +256,7 @@ def stalled_copy(service, data: bytes, attempts: int, client: str = CLIENT,
                                        frames_total=info.frames)
     record.state, record.attempts, record.frames_done = JobState.RUNNING, attempts, 3
     record.updated_at = (reported if reported is not None
-                         else time.time() - service.settings.job_stall_seconds - 1)
+                         else time.time() - work.JOB_STALL_SECONDS - 1)
     service.jobs.store.start(record)
     return record
 

@@ -63,8 +63,8 @@ def installed(python: Path) -> dict[str, str]:
     return json.loads(run(python, "-c", code, *LOWEST))
 
 
-def test_the_bounds_are_the_issues_host_pins_or_lower() -> None:
-    """A site pinning Flask 3.0.0, Werkzeug 3.0.1 and gunicorn 21.2.0 (issue 30) fits."""
+def test_the_bounds_are_a_host_sites_pins_or_lower() -> None:
+    """A host site pinning Flask 3.0.0, Werkzeug 3.0.1 and gunicorn 21.2.0 can install us."""
     from packaging.version import Version
 
     host = {"flask": "3.0.0", "werkzeug": "3.0.1", "gunicorn": "21.2.0"}

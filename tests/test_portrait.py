@@ -1,8 +1,8 @@
 """Portrait mode: faces found on a generated corpus, aligned, converted and pasted back.
 
 The corpus (tests/faces_corpus.py) pastes faces from photos that ship in wheels at known
-boxes into scene photos; the figures asserted are the issue's acceptance (recall, false
-faces, the seam), never a speed.
+boxes into scene photos; the figures asserted are the quality bars portrait mode must meet
+(recall, false faces, the seam), never a speed.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ FAULTS: dict[str, Callable[..., None]] = {
 @pytest.mark.parametrize("fault", FAULTS, ids=list(FAULTS))
 def test_redis_failing_after_the_limit_check_costs_no_conversion(make_app, killable_redis,
                                                                  fault, endpoint, caplog):
-    """The fault of issue 26: Redis counted the request before the view, then died or
+    """A Redis outage mid-request: Redis counted the request before the view, then died or
     stalled; the X-RateLimit-* headers read the window after the view. The conversion
     still answers, with its headers, and the limit goes on in this process."""
     caplog.set_level(logging.WARNING, logger="flask_animegan")

@@ -1,4 +1,4 @@
-"""Issue 26's smaller faults, each as a class: redirects that stay on the site, the
+"""Smaller faults, each as a class: redirects that stay on the site, the
 ``download`` switch, caching headers of pages, and sizes written in ASCII digits only."""
 
 from __future__ import annotations

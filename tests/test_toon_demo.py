@@ -57,10 +57,10 @@ def test_the_figures_of_the_committed_weights_are_the_model_cards(measured, card
 
 
 def test_the_student_looks_like_a_cartoon_not_a_blur_and_imitates_its_teacher(measured):
-    """The issue's bars at 512 px, on average over the four photos: 0.6 of the input's edge
-    energy, 1.0 of its saturation and 22 dB against the teacher, with 256 px's relative edge
-    energy within 0.8x of 512's; and per photo, floors a little under what these weights
-    reach (the model card's "Shortfalls" names `china`'s saturation, 0.94)."""
+    """The demo style's quality bars at 512 px, on average over the four photos: 0.6 of the
+    input's edge energy, 1.0 of its saturation and 22 dB against the teacher, with 256 px's
+    relative edge energy within 0.8x of 512's; and per photo, floors a little under what
+    these weights reach (the model card's "Shortfalls" names `china`'s saturation, 0.94)."""
     at_512, at_256 = measured["512"], measured["256"]
     # a σ = 4 Gaussian blur keeps about 0.3 of the edge energy; the first toon_demo 0.19-0.34
     assert at_512["mean"]["edge"] >= 0.6 and at_512["mean"]["saturation"] >= 1.0, at_512

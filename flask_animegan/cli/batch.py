@@ -1,12 +1,6 @@
-"""The files of ``flask animegan convert``: which entries, read how, written where.
-
-Input entries are untrusted: each is opened without blocking, checked on the open
-descriptor and read up to the upload limit, so a FIFO, a device, a folder or a huge
-file is refused on one line instead of hanging or filling memory. Outputs are written
-to a temporary file inside the output folder and renamed into place, which replaces a
-symlink there instead of writing through it. Nothing here decodes an image: the bytes
-go to the service's Decoder, as an upload would.
-"""
+"""The files of ``flask animegan convert``. Entries are untrusted: a FIFO, a device or a
+huge file is refused rather than hanging or filling memory; outputs are renamed into place,
+replacing a symlink rather than writing through it."""
 
 from __future__ import annotations
 
@@ -20,15 +14,12 @@ from pathlib import Path
 __all__ = ["IMAGE_SUFFIXES", "MOVING_SUFFIXES", "Refused", "collect", "moving_name",
            "output_names", "read_entry", "write_output"]
 
-#: What a folder's entries are converted by: photos, animations (GIF, WebP, APNG) and
-#: short videos (MP4, MOV, WebM, Matroska).
+#: A folder's entries that are converted: photos, animations and videos.
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".apng", ".webp", ".gif", ".bmp", ".tif", ".tiff",
                   ".mp4", ".m4v", ".mov", ".webm", ".mkv"}
-#: The output's suffix for an animation or a video, by the upload's format (MediaInfo):
-#: an animation stays its kind, a video becomes MP4.
+#: The output's suffix by MediaInfo format: an animation stays its kind, a video is MP4.
 MOVING_SUFFIXES = {"GIF": "gif", "WEBP": "webp", "PNG": "png", "MP4": "mp4", "MOV": "mp4",
                    "WEBM": "mp4", "MKV": "mp4"}
-#: What each kind of non-regular file is called in the refusal line.
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 _OPEN_FLAGS = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
@@ -41,12 +32,8 @@ class Refused(Exception):
 
 
 def collect(inputs: Iterable[Path]) -> tuple[list[Path], list[tuple[Path, str]]]:
-    """The entries to convert, in order, and the folders that could not be listed.
-
-    Each argument that is not a folder is an entry; so is each entry of a folder
-    argument whose name ends in an image suffix, sorted (not recursive). The same path
-    given twice counts once. Nothing is opened here: :func:`read_entry` checks each.
-    """
+    """The entries to convert (files, and a folder's image files, sorted; each path once)
+    and the folders that could not be listed. Nothing is opened here."""
     entries: dict[str, Path] = {}
     unlisted: list[tuple[Path, str]] = []
     for item in inputs:
@@ -63,13 +50,8 @@ def collect(inputs: Iterable[Path]) -> tuple[list[Path], list[tuple[Path, str]]]
 
 
 def output_names(entries: list[Path], style: str, fmt: str) -> list[str]:
-    """One output file name per entry, unique within the batch.
-
-    ``STEM.STYLE.FORMAT`` when no other entry has the same stem; otherwise the source
-    extension stays in (``p.jpg.STYLE.FORMAT``, ``p.png.STYLE.FORMAT``); a name still
-    taken by an earlier entry (the same file name in two folders) gets ``-2``, ``-3``...
-    Names are compared ignoring case, so they stay distinct on case-insensitive disks.
-    """
+    """One output name per entry, ``STEM.STYLE.FORMAT``, unique within the batch even on
+    case-insensitive disks (the extension kept on a shared stem, then ``-2``, ``-3``...)."""
     stems = Counter(path.stem.casefold() for path in entries)
     taken: set[str] = set()
     names = []
@@ -84,14 +66,12 @@ def output_names(entries: list[Path], style: str, fmt: str) -> list[str]:
 
 
 def moving_name(name: str, fmt: str, suffix: str) -> str:
-    """The output name of an animation or a video: ``name`` (from :func:`output_names`,
-    ending in the still format ``fmt``) with the suffix of the job's output. The part before
-    it is unique within the batch, so the name stays unique."""
+    """``name`` with the animation's or video's suffix in place of the still format ``fmt``."""
     return f"{name.removesuffix(f'.{fmt}')}.{suffix}"
 
 
 def _kind(mode: int) -> str | None:
-    """What a non-regular file is (None for a regular file)."""
+    """What a non-regular file is called (None for a regular file)."""
     if stat.S_ISREG(mode):
         return None
     return next((name for test, name in _KINDS if test(mode)), "not a plain file")
@@ -105,7 +85,7 @@ def _open_failure(path: Path, exc: OSError) -> Refused:
     if isinstance(exc, PermissionError):
         return Refused("cannot be opened: permission denied (check its permissions, "
                        "or run as a user who may read it)")
-    try:  # a socket, say, cannot be opened at all: name the kind if we can
+    try:  # a socket cannot be opened at all: name the kind if we can
         kind = _kind(os.stat(path).st_mode)
     except OSError:
         kind = None
@@ -115,13 +95,8 @@ def _open_failure(path: Path, exc: OSError) -> Refused:
 
 
 def read_entry(path: Path, limit: int) -> bytes:
-    """The bytes of ``path`` if it is a regular file (after symlinks) of at most ``limit``
-    bytes; :class:`Refused` otherwise.
-
-    The open never blocks (O_NONBLOCK: a FIFO opens at once), the kind and size come
-    from the open descriptor (no window between a check and the read), and at most
-    ``limit + 1`` bytes are read, so a file that grows while it is read stays bounded.
-    """
+    """The bytes of a regular file of at most ``limit`` bytes, else :class:`Refused`; opened
+    without blocking and checked on the descriptor, so no race between check and read."""
     try:
         descriptor = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
@@ -153,8 +128,7 @@ def read_entry(path: Path, limit: int) -> bytes:
 
 
 def write_output(folder: Path, name: str, data: bytes) -> Path:
-    """Write ``data`` to ``folder/name`` through a temporary file in ``folder``, renamed
-    into place: an existing file, or a symlink (never followed), is replaced whole."""
+    """Write ``folder/name`` through a temporary file renamed into place (a symlink replaced)."""
     target = folder / name
     partial = folder / f".{name}.{secrets.token_hex(4)}.part"
     # O_EXCL never follows a symlink; the mode honours the umask like any new file

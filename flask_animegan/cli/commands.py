@@ -104,13 +104,11 @@ class _DownloadProgress:
 def pull_command(name: str, force: bool, base_url: str | None) -> None:
     """Download the official style NAME, verify its pinned hash, install it.
 
-    The file is checked against its git blob SHA-1 before it is moved into the
-    models folder; a failed or mismatching download leaves nothing behind.
+    A failed or mismatching download leaves nothing behind.
 
     \b
-    Examples:
+    Example:
       flask --app example_app animegan pull paprika
-      flask --app example_app animegan pull face_paint_512_v2 --base-url http://mirror.local/weights
     """
     service = get_service()
     catalog = service.engine.catalog
@@ -143,7 +141,7 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
 @click.option("--style", help="Style name (default: the app's default style).")
 @click.option("--size", type=int, help="Long side of the output in pixels (default: MAX_SIDE; "
               "photos up to MAX_OUTPUT_SIDE, animations and videos up to MAX_SIDE).")
-# the same words as the API's, in any case (click gives the word as listed)
+# the API's words, in any case
 @click.option("--format", "fmt",
               type=click.Choice([*OUTPUT_FORMATS, *FORMAT_ALIASES], case_sensitive=False),
               help="Output format (default: ANIMEGAN_OUTPUT_FORMAT).")
@@ -163,20 +161,12 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                     overwrite: bool) -> None:
     """Convert image files, animations, videos and folders (not recursive) into OUT.
 
-    Output files are named after the input with the style and format, e.g.
-    photo.jpg -> OUT/photo.paprika.jpeg (photo.jpg.paprika.jpeg if photo.png is in
-    the batch too); existing outputs are skipped. An animated GIF, WebP or APNG stays
-    its kind and a video (MP4, MOV, WebM) becomes MP4 with its sound (clip.mov ->
-    OUT/clip.paprika.mp4), converted frame by frame with a progress bar of its own;
-    --format applies to photos. Entries that are not regular files
-    or are over ANIMEGAN_MAX_UPLOAD_BYTES are refused unread, one line each; the exit
-    status is 1 if any entry was refused or failed.
+    photo.jpg -> OUT/photo.paprika.jpeg, existing outputs skipped; exit status 1 if any
+    entry was refused or failed (docs/cli.md).
 
     \b
     Example:
-      flask --app example_app animegan convert holiday/ me.png -o anime/ --style paprika
-      flask --app example_app animegan convert cat.gif beach.mp4 -o anime/ --size 512
-      flask --app example_app animegan convert group.jpg -o anime/ --style face_paint_512_v2 --colors keep
+      flask --app example_app animegan convert holiday/ cat.gif -o anime/ --style paprika
     """
     service = get_service()
     params = {"style": style, "size": size, "format": fmt, "colors": colors}
@@ -188,7 +178,7 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
     entries, unlisted = collect(inputs)
     names = output_names(entries, chosen, fmt)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # a visible bar leaves its line open: a report starts a line of its own
+    # a visible bar leaves its line open
     line_start = "\n" if getattr(sys.stderr, "isatty", lambda: False)() else ""
 
     def report(path: Path, message: str) -> None:
@@ -251,9 +241,7 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
 
 def _convert_moving(path: Path, data: bytes, info: MediaInfo, request: ConvertRequest,
                     line_start: str) -> bytes:
-    """Convert an animation or a video in this process through the app's converter (the
-    same frame reuse, limits and writers as a job), with a progress bar of its frames on
-    stderr; the output's bytes. No job store is involved; Ctrl+C stops between frames."""
+    """Convert an animation or a video here as a job would, with no job store; its bytes."""
     converter = get_service().converter
     click.echo(line_start, err=True, nl=False)
     with click.progressbar(length=info.frames, label=f"{path.name} ({info.frames} frames)",
@@ -274,11 +262,10 @@ def _convert_moving(path: Path, data: bytes, info: MediaInfo, request: ConvertRe
               type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the TorchScript file.")
 def export_command(name: str, target: Path) -> None:
-    """Save the installed style NAME as a TorchScript file.
+    """Save the installed style NAME as a TorchScript file, checked against the original.
 
-    The file runs without this package (torch.jit.load(PATH) maps a (N, 3, H, W)
-    tensor in [-1, 1] to the anime picture in [-1, 1]) and can itself be put into a
-    models folder. The export is checked against the original on a test image.
+    It runs without this package: torch.jit.load(PATH) maps an (N, 3, H, W) tensor in
+    [-1, 1] to the anime picture in [-1, 1].
 
     \b
     Example:
@@ -318,11 +305,7 @@ def worker_command(burst: bool, name: str | None) -> None:
     """Convert queued jobs (animations, videos) from the RQ queue on Redis, one at a time.
 
     Run as many as you like, on any machine that reaches the Redis of
-    ANIMEGAN_STATE_STORAGE_URI (else ANIMEGAN_STORAGE_URI), with the same settings and
-    styles as the web app. Each loads and warms up the default style once, then takes
-    jobs with the same thread caps and backend choice as a web process. Each also sweeps
-    the jobs every few seconds: a job whose worker stopped reporting (killed, its machine
-    lost) is queued again once, else marked failed.
+    ANIMEGAN_STATE_STORAGE_URI (else ANIMEGAN_STORAGE_URI), with the web app's settings and styles.
 
     \b
     Example:
@@ -356,15 +339,11 @@ def _bench_root() -> Path | None:
 def bench_command(quick: bool, out: Path | None) -> None:
     """Run the performance benchmark (python -m bench) and print its report.
 
-    It measures the model's speed against this CPU's ceilings, each stage of a
-    conversion, the served app against the baselines, the cache and memory, and
-    prints the targets as ratios. It needs a source checkout (bench/ is not
-    installed with the package) and the bench extra: pip install -e '.[bench]'.
+    Needs a source checkout (bench/ is not installed) and pip install -e '.[bench]'.
 
     \b
-    Examples:
+    Example:
       flask --app example_app animegan bench --quick
-      flask --app example_app animegan bench --out /tmp/bench.json
     """
     root = _bench_root()
     if root is None:

@@ -1,19 +1,8 @@
-"""Keeping the input's colours in a converted picture: ``keep_colors(result, source, mode)``.
+"""Keeping the input's colours in a converted picture (docs/http-api.md, "Colours").
 
-``off`` returns the style's picture as it is. ``luma`` scales it so its mean brightness is
-the input's, as AnimeGANv2's test script does (``adjust_brightness_from_src_to_dst``), but
-with the Rec. 601 weights on the right channels (the script reads BGR with OpenCV and
-weighs it as RGB), the gain bounded (PaddleGAN's copy divides by a black result's zero
-brightness into a black image, PaddleGAN #800), and a shift where the scale alone cannot
-get there (a black result, highlights clipped at 255). ``keep`` puts the input's chroma
-(a*, b* in CIELAB, D65) under the result's lightness L*, whose mean and spread it first
-moves to the input's (Gatys et al. 2016, "Preserving Color in Neural Artistic Style
-Transfer", match luminance the same way): the style keeps its lines and flat shading, the
-picture keeps the input's colours and tone, not the style's darkening.
-
-luma is one lookup table from the histograms; keep is NumPy in float32 a band of rows at
-a time, so a 4096 x 4096 picture never has a full float copy (192 MiB in float32).
-"""
+``luma`` matches the input's mean brightness as AnimeGANv2's script does, but on the right
+channels and with a bounded gain; ``keep`` puts the input's CIELAB chroma under the
+result's lightness (Gatys et al. 2016), a band of rows at a time to bound memory."""
 
 from __future__ import annotations
 
@@ -25,13 +14,11 @@ __all__ = ["COLOR_MODES", "MAX_GAIN", "MAX_L_SHIFT", "brightness", "keep_colors"
 
 COLOR_MODES = ("off", "luma", "keep")
 
-#: luma's scale is kept within [1/MAX_GAIN, MAX_GAIN]: a black or white input moves the
-#: style's picture by at most this factor instead of erasing it to black or white
+#: luma's gain bound: a black or white input never erases the style's picture
 MAX_GAIN = 2.0
-#: keep's mean L* moves at most this far (of 100) towards the input's, and its spread by
-#: at most MAX_GAIN: a black, white or flat input tints the style's picture, never erases it
+#: keep's mean L* moves at most this far (of 100), its spread by MAX_GAIN, for the same reason
 MAX_L_SHIFT = 25.0
-#: pixels per band of rows: the float32 working arrays stay near 1.5 MiB each
+#: pixels per band of rows, which bounds the float32 working arrays
 BAND_PIXELS = 1 << 17
 #: Rec. 601 luma weights on gamma-encoded R, G, B (AnimeGANv2's brightness measure)
 LUMA_WEIGHTS = np.array([0.299, 0.587, 0.114])
@@ -60,8 +47,7 @@ def _encode_srgb(linear: np.ndarray) -> np.ndarray:
 
 #: uint8 sRGB -> linear light, one entry per value
 _LINEAR = _decode_srgb(np.arange(256) / 255).astype(np.float32)
-#: linear light quantised to 1/_STEPS -> uint8 sRGB (rounded); near black a step of the
-#: table is 0.05 of a level, so the table rounds like the formula
+#: linear light quantised to 1/_STEPS -> uint8 sRGB, rounding like the formula near black
 _STEPS = 65535
 _ENCODED = np.round(_encode_srgb(np.arange(_STEPS + 1) / _STEPS) * 255).astype(np.uint8)
 
@@ -121,8 +107,7 @@ def _bands(image: Image.Image) -> list[tuple[int, int, int, int]]:
 
 
 def _lightness_stats(image: Image.Image) -> tuple[float, float]:
-    """Mean and standard deviation of L*, from every k-th row and column (at most about
-    512 x 512 pixels: the same figures for a 4096-px picture as for its thumbnail)."""
+    """Mean and standard deviation of L*, from a thumbnail (the same figures, less work)."""
     k = max(1, -(-max(image.size) // 512))
     sample = image.resize((-(-image.width // k), -(-image.height // k)),
                           Image.Resampling.NEAREST) if k > 1 else image
@@ -131,8 +116,7 @@ def _lightness_stats(image: Image.Image) -> tuple[float, float]:
 
 
 def _keep_chroma(result: Image.Image, source: Image.Image) -> Image.Image:
-    """The source's a*, b* over the result's L*, its mean and spread the source's (within
-    MAX_L_SHIFT and MAX_GAIN)."""
+    """The source's a*, b* over the result's L*, moved to the source's mean and spread."""
     (mean_out, spread_out), (mean_in, spread_in) = (_lightness_stats(result),
                                                     _lightness_stats(source))
     gain = min(MAX_GAIN, max(1 / MAX_GAIN, spread_in / max(spread_out, 1e-3)))
@@ -147,8 +131,7 @@ def _keep_chroma(result: Image.Image, source: Image.Image) -> Image.Image:
         f_y *= f_gain
         f_y += f_shift
         np.clip(f_y, 4 / 29, 1, out=f_y)  # L* within [0, 100]
-        # a* and b* are 500 (f(X) - f(Y)) and 200 (f(Y) - f(Z)): the source's
-        # differences on the new f(Y) are Lab's recombination
+        # a*, b* are differences of f(X), f(Y), f(Z): the source's, on the new f(Y)
         f_source -= f_source[..., 1:2]
         f_source += f_y
         kept.paste(Image.fromarray(_rgb_from_companded(f_source)), box[:2])
@@ -166,8 +149,7 @@ def brightness(image: Image.Image) -> float:
 
 
 def _match_brightness(result: Image.Image, source: Image.Image) -> Image.Image:
-    """The result scaled (then shifted) towards the source's mean brightness: one lookup
-    table for every channel, so no copy of the pixels but the answer."""
+    """The result scaled (then shifted) to the source's mean brightness by a lookup table."""
     target, current = brightness(source), brightness(result)
     histograms = np.array(result.histogram(), np.float64).reshape(3, 256)
     histograms /= histograms.sum(axis=1, keepdims=True)
@@ -177,13 +159,11 @@ def _match_brightness(result: Image.Image, source: Image.Image) -> Image.Image:
         return np.clip(np.floor(values * gain + shift + 0.5), 0, 255)
 
     if current < 0.5:
-        # a black result has no brightness to scale: lift it instead, by at most what
-        # MAX_GAIN would allow a result at mid-grey
+        # a black result cannot be scaled: lift it, as far as MAX_GAIN lifts mid-grey
         gain, shift = 1.0, min(target, 127.5 * (MAX_GAIN - 1))
     else:
         gain, shift = min(MAX_GAIN, max(1 / MAX_GAIN, target / current)), 0.0
-        # what clipping at 0 or 255 takes back is given back as a shift (once: on photos
-        # that lands within a level, and a second pass would only chase the rounding)
+        # what clipping takes back is given back as a shift, once
         reached = float((histograms @ table(gain, 0.0)) @ LUMA_WEIGHTS)
         if abs(current * gain - reached) >= 0.5:
             shift = current * gain - reached
@@ -191,9 +171,7 @@ def _match_brightness(result: Image.Image, source: Image.Image) -> Image.Image:
 
 
 def keep_colors(result: Image.Image, source: Image.Image, mode: str) -> Image.Image:
-    """The converted ``result`` with the colours of ``source`` (the fitted input, the same
-    size) kept as ``mode`` says (one of :data:`COLOR_MODES`). Returns an RGB image; ``off``
-    returns ``result`` itself."""
+    """``result`` with the colours of ``source`` (same size) kept as ``mode`` says."""
     if mode not in COLOR_MODES:
         raise ValueError(f"unknown colour mode {mode!r}: use one of {', '.join(COLOR_MODES)}")
     if mode == "off":

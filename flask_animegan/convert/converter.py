@@ -1,9 +1,5 @@
-"""The one conversion path: photos, frames of animations and videos, and in-memory images.
-
-Every caller (the views, the job runner, the CLI, the bench) converts through a
-:class:`Converter`, whose infer stage (:meth:`Converter.stylize`: tiles above
-ANIMEGAN_MAX_SIDE, then colours; portrait mode around it for photos) is the same for all.
-"""
+"""The one conversion path: every caller (views, jobs, CLI, bench) goes through
+:meth:`Converter.stylize`, so a frame and a photo of the same pixels convert alike."""
 
 from __future__ import annotations
 
@@ -46,12 +42,11 @@ class Conversion:
     style: str
     size: tuple[int, int]
     cache_hit: bool
-    face_crop: bool  # the centre square was converted (a face style without portrait mode)
-    faces: int | None = None  # faces found and converted in portrait mode; None: not run
+    face_crop: bool  # the centre square was converted
+    faces: int | None = None  # None: portrait mode did not run
     colors: str = "off"
     timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
-    #: the fitted input (what the network saw); a file sent again is answered undecoded,
-    #: and decoded only if the form's page asks for it
+    #: the fitted input; a cache hit decodes it only if the result page asks
     input_image: Image.Image | None = field(default=None, repr=False)
     input_loader: Callable[[], Image.Image] | None = field(default=None, repr=False)
 
@@ -103,26 +98,22 @@ class Converter:
         self.quality = quality
         self.cache = cache if cache is not None and cache.enabled else None
         self.portrait = portrait or PortraitLimits()
-        #: pictures with a longer side run in tiles (None: never)
+        #: pictures with a longer side run in tiles
         self.tile_above = tile_above
         self.audio_timeout = audio_timeout
-        #: reuse the last converted frame's result for a frame that repeats it
-        #: (convert/repeats.py); bench/jobs.py turns it off to measure the saving
+        #: reuse the result of a frame that repeats the last one (off: the bench's baseline)
         self.reuse_repeats = True
 
-    # -- the infer stage ---------------------------------------------------------------
     def stylize(self, picture: Image.Image, style: str, colors: str) -> Image.Image:
-        """The network on ``picture`` (in tiles when larger than ``tile_above``), its
-        colours kept as ``colors`` asks: what every photo, face and frame goes through."""
+        """The network on ``picture`` (tiled above ``tile_above``), colours kept as asked."""
         tiled = self.tile_above is not None and max(picture.size) > self.tile_above
         return keep_colors(self.engine.run(picture, style, tiled=tiled), picture, colors)
 
     def _portrait(self, picture: Image.Image, style: StyleInfo, mode: str, colors: str,
                   lap: _Laps) -> tuple[Image.Image, int]:
-        """Portrait mode: the faces found, each converted with ``style`` and pasted over
-        the whole converted with the scene style; for "faces", only the faces, side by
-        side. Without a face: the picture with ``style`` (a face style's caller converts
-        the centre square instead) and 0."""
+        """Convert each face with ``style`` and paste it over the scene (mode "faces": the
+        faces only, side by side); and how many. No face: the picture converted, or for a
+        face style unconverted (its caller converts the centre square), and 0."""
         from ..portrait import face_crops, find_faces, paste_faces
 
         limits = self.portrait
@@ -140,15 +131,10 @@ class Converter:
         scene = self.stylize(picture, scene_style, colors)
         return paste_faces(picture, found, scene, convert_face), len(found)
 
-    # -- photos ------------------------------------------------------------------------
     def photo(self, data: bytes, request: ConvertRequest,
               scope: str | None = None) -> Conversion:
-        """Convert ``data`` (an image file) as ``request`` asks.
-
-        With a cache, the same file sent again within ``scope`` (None: shared by
-        everyone) is answered before it is decoded, and the same photo, after its one
-        decode, before the network runs.
-        """
+        """Convert an image file. With a cache, the same file sent again within ``scope``
+        (None: everyone) is answered undecoded, and the same photo before the network runs."""
         style, size, fmt, options = (request.style, request.size, request.format,
                                      request.options)
         lap = _Laps()
@@ -167,7 +153,7 @@ class Converter:
         fingerprint: Fingerprint | None = None
         decoded: DecodedUpload | None = None
         if lookup is not None:
-            # the cache compares statistics of the decoded upload: a hit needs no fit
+            # the cache's statistics first: a hit needs no fitted image
             sampled = self.decoder.sample(data, size=size, square=square)
             looked_up = fitted_size(sampled.source_size, size, square)
             lap("sample")
@@ -183,15 +169,14 @@ class Converter:
         if decoded is None:
             decoded = self.decoder.decode(data, size=size, square=square)
             lap("decode")
-        fitted = decoded.image  # what the network sees
+        fitted = decoded.image
         faces: int | None = None
         if portrait == "off":
             result = self.stylize(fitted, style.name, options.colors)
         else:
             result, faces = self._portrait(fitted, style, portrait, options.colors, lap)
             if not faces and style.face:
-                # no face: as without portrait mode, the centre square (decoded anew,
-                # so it has the size's full resolution)
+                # no face: the centre square, decoded anew at the size's full resolution
                 square = True
                 fitted = self.decoder.decode(data, size=size, square=True).image
                 result = self.stylize(fitted, style.name, options.colors)
@@ -207,8 +192,7 @@ class Converter:
 
     def _sent_again(self, data: bytes, cached: CachedResult, request: ConvertRequest,
                     square: bool, timings: dict[str, float]) -> Conversion:
-        """The conversion of a file converted before (the same bytes), from its cached
-        result; its input decoded only if someone asks."""
+        """The cached conversion of the same bytes; its input decoded only if asked."""
         style, size, fmt = request.style, request.size, request.format
         faces = None if cached.faces < 0 else cached.faces
         # a face style whose portrait mode found no face converted the centre square
@@ -228,8 +212,7 @@ class Converter:
     def _near_hit(self, data: bytes, cached: tuple[bytes, int | None],
                   request: ConvertRequest, square: bool, fitted: tuple[int, int],
                   decoded: DecodedUpload | None, timings: dict[str, float]) -> Conversion:
-        """The conversion of the same photo as one converted before, from its cached
-        result: its input fitted only if someone asks."""
+        """The cached conversion of the same photo; its input fitted only if asked."""
         style, size, fmt = request.style, request.size, request.format
         data_out, faces = cached
         if style.face and faces == 0 and not square:
@@ -249,8 +232,7 @@ class Converter:
 
     def _from_cache(self, lookup: Lookup, fmt: str, fingerprint: Fingerprint,
                     size: tuple[int, int]) -> tuple[bytes, int | None] | None:
-        """The cached result for this input and its faces, resized to ``size`` if it was
-        sent at a slightly different size; None on a miss."""
+        """The cached result and its faces, resized to ``size`` if need be; None on a miss."""
         cached = lookup.same_photo(fingerprint)
         if cached is None:
             return None
@@ -276,14 +258,11 @@ class Converter:
         picture = fit(rgb, request.size, square=style.face)
         return self.stylize(picture, style.name, options.colors)
 
-    # -- animations and videos ---------------------------------------------------------
     def frames(self, frames: Iterator[Frame], style: str, colors: str,
                on_busy: Callable[[], None] | None = None,
                ) -> Iterator[tuple[Frame, Image.Image, bool]]:
-        """Each frame with its converted picture and whether it was reused: a frame that
-        repeats the last converted one (convert/repeats.py's rule) reuses its result, any
-        other goes through :meth:`stylize`. While web conversions fill the model's
-        queue, ``on_busy`` is called (it may raise to stop) and the frame tried again."""
+        """Each frame, its converted picture, and whether it reused the last one's; while the
+        model's queue is full, ``on_busy`` is called (it may raise) and the frame retried."""
         anchor: repeats.Picture | None = None  # the last frame converted
         converted: Image.Image | None = None
         for frame in frames:
@@ -307,9 +286,7 @@ class Converter:
     def media(self, data: bytes, info: MediaInfo, request: ConvertRequest, *,
               progress: Progress | None = None, on_busy: Callable[[], None] | None = None,
               timeout_total: float | None = None) -> MediaResult:
-        """Convert an animation or a video probed as ``info``: frames decoded one at a
-        time, converted through :meth:`frames`, written in the upload's kind (GIF, WebP,
-        APNG, or MP4 with the source's audio). ``progress`` is called after each frame."""
+        """Convert an animation or a video frame by frame into the upload's kind."""
         encoders = _encoders()
         style = request.style
         writer, mimetype = encoders.writer_for(
@@ -338,8 +315,7 @@ class Converter:
 
 
 def _encoders() -> Any:
-    """outputs/animations.py, imported on first use: it needs PyAV (the `jobs` extra), which an
-    app that converts only photos need not install."""
+    """outputs/animations.py, imported on first use: an app of photos only needs no PyAV."""
     try:
         from ..outputs import animations as encoders
     except ImportError as exc:
@@ -361,5 +337,5 @@ def strip(crops: list[Image.Image]) -> Image.Image:
 
 
 def describe_timings(timings: dict[str, Any]) -> str:
-    """``decode;dur=3.1, infer;dur=410.2, ...`` for a Server-Timing header."""
+    """``stage;dur=<ms>, ...`` for a Server-Timing header."""
     return ", ".join(f"{stage};dur={ms}" for stage, ms in timings.items())

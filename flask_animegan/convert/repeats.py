@@ -1,10 +1,5 @@
-"""Which frames of a job repeat the last converted one, so that its result is reused.
-
-A frame repeats when it has the same size, its mean shifts at most ``SHIFT_LEVELS``, no 8x8
-block differs by more than ``BLOCK_LEVELS`` and its pHash is within ``PHASH_BITS``. Frames are
-compared with the last *converted* frame, so a slow change cannot creep past the rule. Looser
-than the cache's rule, which guards privacy across clients (docs/benchmark.md, jobs).
-"""
+"""Which frames of a job repeat the last *converted* one (so a slow change cannot creep
+past), reusing its result. Looser than the cache's rule, which guards privacy across clients."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ from ..config import PHASH_SIZE
 SHIFT_LEVELS = 0.5
 #: Largest mean absolute difference of any 8x8 block, in levels (motion moves it).
 BLOCK_LEVELS = 5.0
-#: Largest Hamming distance between the two 256-bit phashes (the cache's hash).
+#: Largest Hamming distance between the two phashes (the cache's hash).
 PHASH_BITS = 6
 BLOCK = 8
 HASH_SIZE = PHASH_SIZE  # the hash the cache keeps
@@ -27,21 +22,21 @@ HASH_SIZE = PHASH_SIZE  # the hash the cache keeps
 
 @dataclass
 class Picture:
-    """A fitted frame's pixels and its perceptual hash (computed when first needed)."""
+    """A fitted frame's pixels and its perceptual hash (computed when needed)."""
 
     pixels: np.ndarray  # height x width x 3, uint8
     _phash: int | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, image: Image.Image) -> Picture:
-        """The picture of a fitted RGB frame."""
+        """The picture of a fitted frame."""
         return cls(np.asarray(image.convert("RGB"), np.uint8))
 
     @property
     def phash(self) -> int:
         """The frame's perceptual hash, as the cache computes it."""
         if self._phash is None:
-            import imagehash  # imported on first use, as the cache does
+            import imagehash
 
             bits = imagehash.phash(Image.fromarray(self.pixels), hash_size=HASH_SIZE).hash
             self._phash = int.from_bytes(np.packbits(bits.flatten()).tobytes(), "big")
@@ -50,7 +45,7 @@ class Picture:
 
 @dataclass(frozen=True)
 class Difference:
-    """How far a frame is from the last converted one, in the rule's three measures."""
+    """How far a frame is from the last converted one."""
 
     shift: float  # |mean of the signed differences|, levels
     worst_block: float  # the largest 8x8 block's mean absolute difference, levels
@@ -58,7 +53,7 @@ class Difference:
 
     @property
     def repeat(self) -> bool:
-        """Within every limit of the rule: the last converted frame's result is reused."""
+        """Within every limit: the last converted frame's result is reused."""
         return (self.shift <= SHIFT_LEVELS and self.worst_block <= BLOCK_LEVELS
                 and self.phash_bits is not None and self.phash_bits <= PHASH_BITS)
 

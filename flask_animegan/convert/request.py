@@ -1,5 +1,4 @@
-"""The one parser of a conversion's parameters, for the views, the job door, the CLI and
-the rate limit's cost: raw strings in, a typed :class:`ConvertRequest` out."""
+"""The one parser of a conversion's parameters: raw strings in, a :class:`ConvertRequest` out."""
 
 from __future__ import annotations
 
@@ -16,12 +15,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..runtime.catalog import StyleInfo
     from ..runtime.engine import InferenceEngine
 
-#: ``portrait``: auto (on for the face styles), on, off, or faces (only the faces, each a
-#: crop of its own, side by side).
+#: auto: on for the face styles; faces: only the faces, side by side.
 PORTRAIT_MODES = ("auto", "on", "off", "faces")
 FORMAT_ALIASES = {"jpg": "jpeg"}
-#: What a parameter may carry around its value: spaces and tabs only (str.strip() would
-#: also drop \x1c-\x1f, which the OpenAPI document's patterns cannot say the same way).
+#: Stripped around a value: not str.strip(), whose \x1c-\x1f the OpenAPI patterns cannot say.
 PARAMETER_SPACE = " \t"
 
 
@@ -29,8 +26,8 @@ PARAMETER_SPACE = " \t"
 class Sizes:
     """The sizes and format a request may ask for, derived once from the settings."""
 
-    default: int  # ANIMEGAN_MAX_SIDE: a request without a size
-    photo: int  # the largest for a photo (ANIMEGAN_MAX_OUTPUT_SIDE; above default: tiles)
+    default: int  # ANIMEGAN_MAX_SIDE
+    photo: int  # ANIMEGAN_MAX_OUTPUT_SIDE (above default: tiles)
     media: int  # the largest for an animation or a video
     default_format: str
 
@@ -39,8 +36,8 @@ class Sizes:
 class Options:
     """What a conversion asks for beside its style, size and format."""
 
-    colors: str = "off"  # COLOR_MODES
-    portrait: str = "auto"  # PORTRAIT_MODES
+    colors: str = "off"
+    portrait: str = "auto"
 
     def __post_init__(self) -> None:
         if self.colors not in COLOR_MODES or self.portrait not in PORTRAIT_MODES:
@@ -64,9 +61,8 @@ class ConvertRequest:
 
 
 def parameter_word(raw: Any) -> str:
-    """A word parameter as compared with its values: without spaces and tabs around it, in
-    lower case if it is ASCII (Python's lower() maps the Kelvin sign to "k"). The OpenAPI
-    document's patterns say exactly this."""
+    """A word parameter as compared (as the OpenAPI patterns say): stripped, lower-cased
+    only if ASCII (lower() maps the Kelvin sign to "k")."""
     text = str(raw).strip(PARAMETER_SPACE)
     return text.lower() if text.isascii() else text
 
@@ -112,11 +108,8 @@ def parse_options(colors: Any = None, portrait: Any = None) -> Options:
 
 def parse_request(params: Mapping[str, Any], engine: InferenceEngine, sizes: Sizes, *,
                   media: bool = False) -> ConvertRequest:
-    """The request ``params`` ask for (``style``, ``size``, ``format``, ``colors``,
-    ``portrait``), checked before anything is decoded: an unknown style raises
-    StyleNotFound (404), a bad value BadParameter (400). ``media``: for the frames of an
-    animation or a video, whose size is at most ``sizes.media`` and which have no
-    portrait mode."""
+    """The request ``params`` ask for, checked before anything is decoded (StyleNotFound,
+    BadParameter). ``media``: for animations and videos (smaller sizes, no portrait mode)."""
     style = engine.style(params.get("style") or None)
     size = parse_size(params.get("size"), default=sizes.default,
                       largest=sizes.media if media else sizes.photo)
@@ -129,8 +122,7 @@ def parse_request(params: Mapping[str, Any], engine: InferenceEngine, sizes: Siz
 
 
 def requested_size(params: Mapping[str, Any], sizes: Sizes) -> int | None:
-    """The size a photo request asks for, or None when it is missing or bad (the view
-    refuses it then): the rate limit's cost reads it before the view runs."""
+    """The size a photo request asks for, or None when bad (the view refuses it then)."""
     try:
         return parse_size(params.get("size"), default=sizes.default, largest=sizes.photo)
     except BadParameter:

@@ -1,5 +1,5 @@
-"""Where an upload goes: a still photo is converted at once, an animation or a video
-becomes a job. One function, :func:`route`, decides it for the web views and the CLI."""
+"""Where an upload goes, for the views and the CLI: a still photo is converted at once,
+an animation or a video becomes a job."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ from ..errors import ConversionError, ImageTooLarge, UnsupportedImage
 from ..inputs.media import MEDIA_HINT, MediaInfo, other_container
 
 _PNG = b"\x89PNG\r\n\x1a\n"
-#: How far into a PNG its animation chunk (acTL, before the first IDAT) is looked for.
+#: How far into a PNG its animation chunk (acTL) is looked for.
 _APNG_WINDOW = 64 << 10
 
 
 def may_move(data: bytes) -> bool:
-    """Whether ``data`` may be an animation or a video, from its first bytes alone: a GIF,
-    a WebP with its animation flag, a PNG with an animation chunk near its start, an
-    MP4/MOV (``ftyp``) or a Matroska/WebM (EBML). Nothing else is probed, so a still photo
-    costs nothing more; what these are is decided in a helper process (:func:`route`)."""
+    """Whether ``data`` may be an animation or a video, from its first bytes alone, so
+    that a still photo costs no probe in a helper process."""
     head = data[:32]
     if head[:6] in (b"GIF87a", b"GIF89a") or head[:4] == b"\x1a\x45\xdf\xa3":
         return True
@@ -31,11 +29,9 @@ def may_move(data: bytes) -> bool:
 
 
 def route(data: bytes, probe: Callable[[bytes], MediaInfo] | None) -> MediaInfo | None:
-    """Where an upload goes: the probe of an animation or a video (a job), or None for a
-    still photo (converted at once). A file that only looked like one (a broken GIF, a PNG with a stray
-    ``acTL``) is left to the photo decoder, which refuses it or converts it as before;
-    one over a job's limits is refused here, as is a video in a container that is not read
-    (AVI, MPEG, ...: 415 naming those that are)."""
+    """The probe of an animation or a video (a job), or None for a photo. A file that only
+    looked like one is left to the photo decoder; one over a job's limits, or in a
+    container we do not read (415), is refused here."""
     if probe is None:  # no jobs in this app: everything is a photo
         return None
     container = other_container(data)

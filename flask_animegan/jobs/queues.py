@@ -1,9 +1,5 @@
-"""Where jobs wait for a worker: RQ on Redis, or one thread in this process.
-
-Both run :func:`flask_animegan.jobs.work.run_job` one job at a time per worker. The local
-queue's waiting jobs are lost with its process. Every worker also runs the jobs' sweep,
-which settles stalled runs that no client reads.
-"""
+"""Where jobs wait for a worker: RQ on Redis, or one thread in this process (its waiting
+jobs are lost with it). Every worker also runs the sweep of stalled runs."""
 
 from __future__ import annotations
 
@@ -36,7 +32,6 @@ def _full(waiting: int) -> Overloaded:
 class JobQueue(ABC):
     """Runs jobs by id, one at a time per worker."""
 
-    #: ``"rq"`` or ``"local"``
     kind: str = ""
     _sweep: Callable[[], object] | None = None
     _sweep_every = 5.0
@@ -52,7 +47,7 @@ class JobQueue(ABC):
         self._sweep, self._sweep_every = sweep, every
 
     def start_sweeping(self) -> None:
-        """Start the sweep's daemon thread in this process, once (a worker does)."""
+        """Start the sweep's daemon thread in this process, once."""
         if self._sweep is None or self._sweeper is not None:
             return
         self._sweeper = threading.Thread(target=self._sweeping, name="animegan-sweep",
@@ -89,7 +84,7 @@ class LocalQueue(JobQueue):
     """A bounded queue and one daemon thread running ``runner(job_id)`` in the app's context."""
 
     kind = "local"
-    #: Seconds :meth:`stop` waits, at exit, for the running job to reach its next frame.
+    #: Seconds :meth:`stop` waits at exit for the running job to reach its next frame.
     STOP_WAIT = 10.0
 
     def __init__(self, runner: Callable[[str], None], *, max_queue: int) -> None:
@@ -124,8 +119,7 @@ class LocalQueue(JobQueue):
         return self._stop.is_set()
 
     def stop(self, wait: float = STOP_WAIT) -> None:
-        """At exit: take no more jobs and let the running one stop at its next frame (its
-        record is left to the stall rule); without this, exit aborts the process."""
+        """At exit, let the running job stop at its next frame (else exit aborts the process)."""
         self._stop.set()
         thread = self._thread
         if thread is not None and self.running is not None:
@@ -157,8 +151,7 @@ class LocalQueue(JobQueue):
 
 
 class RQQueue(JobQueue):
-    """An ``rq.Queue`` named ``animegan``; each run is its own RQ job (``<id>-<attempt>``),
-    so a requeued run never meets what RQ keeps of a dead one."""
+    """An ``rq.Queue``; each run is its own RQ job, so a requeued run never meets a dead one's."""
 
     kind = "rq"
 
@@ -172,7 +165,7 @@ class RQQueue(JobQueue):
         self.max_queue = max_queue
         self.job_timeout = job_timeout
         self.ttl = ttl
-        # the web side: short waits, an outage answers 503 rather than holding a thread
+        # short waits: an outage answers 503 rather than holding a web thread
         self.connection = redis.Redis.from_url(uri, socket_timeout=1,
                                                socket_connect_timeout=1)
         self.queue = Queue(name, connection=self.connection)
@@ -233,8 +226,7 @@ class RQQueue(JobQueue):
                     "max_queue": self.max_queue}
 
     def work(self, *, burst: bool = False, name: str | None = None) -> None:
-        """Run jobs in this process until stopped (``SimpleWorker``: no fork, so the warm
-        model serves every job); ``flask animegan worker`` calls it."""
+        """Run jobs here until stopped; ``SimpleWorker`` does not fork, so the model stays warm."""
         import redis
         from rq import SimpleWorker
 

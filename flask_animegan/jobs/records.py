@@ -1,9 +1,5 @@
-"""What a job is and where it lives: :class:`JobRecord`, kept by :class:`JobStore`.
-
-A job's record, upload, result, preview, cancel flag and claims are keys with a TTL in the
-storage seam (``job:<id>...``), plus a per-client list and the list of started runs that
-the sweep reads. Ids are 192 random bits; clients are stored as keyed digests.
-"""
+"""What a job is (:class:`JobRecord`) and where it lives (:class:`JobStore`: keys with a
+TTL, a list per client, one of started runs for the sweep; clients as keyed digests)."""
 
 from __future__ import annotations
 
@@ -22,9 +18,9 @@ from ..cache.storage import Storage
 
 #: What a job id looks like (``secrets.token_urlsafe(24)``); anything else is no job.
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{32}")
-#: The newest jobs of a client kept in its list (its unfinished ones are counted there).
+#: The newest jobs kept in a client's list, where its unfinished ones are counted.
 CLIENT_LIST_CAP = 32
-#: The newest runs the sweep looks through for stalled ones (across every worker).
+#: The newest runs the sweep looks through for stalled ones.
 STARTED_LIST_CAP = 256
 STARTED_INDEX = "jobs:started"
 #: Seconds an overwritten upload lingers (a TTL of 0 stores nothing on every backend).
@@ -44,7 +40,7 @@ UNFINISHED = (JobState.QUEUED, JobState.RUNNING)
 
 @dataclass
 class JobRecord:
-    """One job as the API reports it; times are Unix seconds (clocks kept in step by NTP)."""
+    """One job as the API reports it; times are Unix seconds (clocks in step by NTP)."""
 
     id: str
     state: JobState
@@ -54,7 +50,7 @@ class JobRecord:
     kind: str  # "animation" or "video"
     format: str  # the upload's: GIF, WEBP, PNG, MP4, ...
     frames_total: int
-    colors: str = "off"  # the colour option (convert/colors.py), on every frame
+    colors: str = "off"
     frames_done: int = 0
     frames_reused: int = 0
     created_at: float = 0.0
@@ -62,7 +58,7 @@ class JobRecord:
     updated_at: float = 0.0  # the heartbeat while running
     finished_at: float | None = None
     eta_s: float | None = None
-    error: str | None = None  # a message fit to show the person who sent the upload
+    error: str | None = None  # fit to show the person who sent the upload
     result_mimetype: str | None = None
     attempts: int = 0  # runs started (a stalled job is run again once)
     cancel_requested: bool = False
@@ -106,7 +102,6 @@ class JobStore:
         """The keyed digest a record keeps of a client, so the storage never lists who sent what."""
         return hmac.new(self._secret, client.encode(), hashlib.sha256).hexdigest()[:32]
 
-    # -- records ---------------------------------------------------------------------
     def create(self, data: bytes, *, client: str, style: str, size: int, kind: str,
                format: str, frames_total: int, colors: str = "off") -> JobRecord | None:
         """A new queued job holding ``data``; None when the storage refused it (down or full)."""
@@ -164,20 +159,19 @@ class JobStore:
         ids = dict.fromkeys(member.decode(errors="replace") for member in members)
         return [record for job_id in ids if (record := self.get(job_id)) is not None]
 
-    # -- cancelling: a key of its own, so a worker's progress update never overwrites it
+    # cancelling: a key of its own, so a worker's progress update never overwrites it
     def request_cancel(self, job_id: str) -> bool:
         return self.storage.set(self._key(job_id, "cancel"), b"1", self.ttl)
 
     def cancel_requested(self, job_id: str) -> bool:
         return self.storage.get(self._key(job_id, "cancel")) is not None
 
-    # -- the upload and the result ---------------------------------------------------
     def get_input(self, job_id: str) -> bytes | None:
         data = self.storage.get(self._key(job_id, "input"))
         return data or None
 
     def drop_input(self, job_id: str) -> None:
-        """Forget the upload (the job ended): overwritten, expiring at once."""
+        """Forget the upload of an ended job (overwritten, expiring at once)."""
         self.storage.set(self._key(job_id, "input"), b"", GONE_TTL)
 
     def put_result(self, job_id: str, data: bytes, preview: bytes) -> bool:

@@ -1,23 +1,8 @@
-"""Running a job: decode each frame, convert it (once for a run of frames that repeat it,
-by convert/repeats.py's rule), write the output, report progress; and the app's side of
-jobs, :class:`Jobs`.
+"""The app's side of jobs (:class:`Jobs`): queue one, read it back, cancel it, run it.
 
-:func:`run_job` is the one entry point: RQ imports it by name in ``flask animegan worker``
-processes, the local queue's thread calls it. Both run it in the app's context and reach
-:class:`Jobs` through ``current_app.extensions["animegan"].jobs`` (the jobs room never
-imports the service, which imports it).
-
-A job is never left at "running": a worker reports (the record's ``updated_at``) at least
-every :data:`REPORT_EVERY` seconds while it converts, and a running record whose report is
-older than ANIMEGAN_JOB_STALL_SECONDS (its worker was killed, its machine lost) is queued
-again, once, or else marked failed (:meth:`Jobs.settle`). Whoever reads the job settles it
-(:meth:`Jobs.get`, the client's count), and so does the sweep (:meth:`Jobs.sweep`) that
-every ``flask animegan worker`` and the local queue's thread run every
-:meth:`Jobs.sweep_every` seconds over the newest runs started: a stalled job is settled
-within ANIMEGAN_JOB_STALL_SECONDS + sweep_every + REPORT_EVERY of its worker's death, read
-or not. Each step is claimed (:meth:`JobStore.claim`), so several readers, sweepers and
-workers on one Redis settle a run once and start a run once.
-"""
+A job is never left "running": a run whose heartbeat is older than
+ANIMEGAN_JOB_STALL_SECONDS is queued again once, else failed, by a reader or the sweep;
+each step is claimed in the store, so it happens once."""
 
 from __future__ import annotations
 
@@ -41,7 +26,7 @@ log = logging.getLogger("flask_animegan")
 REPORT_EVERY = 0.5
 #: Runs of one job at most: the first and one after a stalled worker.
 MAX_ATTEMPTS = 2
-#: Most seconds between two sweeps of a worker (a quarter of the stall time when shorter).
+#: Most seconds between two sweeps of a worker.
 SWEEP_EVERY = 5.0
 STALLED = "the worker converting it stopped; send the file again"
 INTERNAL = "the conversion failed on the server; try again, or send another file"
@@ -52,11 +37,11 @@ class JobCancelled(Exception):
 
 
 class JobTaken(Exception):
-    """The record says another run owns the job now (this one was declared stalled)."""
+    """Another run owns the job now (this one was declared stalled)."""
 
 
 class WorkerStopping(Exception):
-    """This process is exiting (:attr:`JobQueue.stopping`): the run stops between frames."""
+    """This process is exiting: the run stops between frames."""
 
 
 def run_job(job_id: str) -> None:
@@ -66,8 +51,7 @@ def run_job(job_id: str) -> None:
 
 
 class Jobs:
-    """One app's jobs: checking an upload, making a job, reading it back (settling stalls),
-    cancelling, and running one (:meth:`run`, in a worker)."""
+    """One app's jobs: made, read back (stalls settled), cancelled, and run in a worker."""
 
     def __init__(self, settings: Settings, store: JobStore, queue: JobQueue,
                  converter: Converter, convert_url: str) -> None:
@@ -76,27 +60,22 @@ class Jobs:
         self.queue = queue
         self.converter = converter
         self.engine = converter.engine
-        #: where a still photo is sent instead (the app's own URL prefix)
+        #: where a still photo is sent instead
         self.convert_url = convert_url
         queue.sweep_with(self.sweep, self.sweep_every)
 
     @property
     def sweep_every(self) -> float:
-        """Seconds between two sweeps of a worker: SWEEP_EVERY, or a quarter of
-        ANIMEGAN_JOB_STALL_SECONDS when that is shorter."""
+        """Seconds between sweeps: SWEEP_EVERY, or a quarter of the stall time if shorter."""
         return min(SWEEP_EVERY, JOB_STALL_SECONDS / 4)
 
-    # -- at the door (the web process) -------------------------------------------------
     def probe(self, data: bytes) -> MediaInfo:
-        """What the upload is, from its headers, checked against the media limits; raises
-        ConversionError."""
+        """What the upload is, checked against the media limits (else ConversionError)."""
         return self.converter.decoder.probe(data)
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
                client: str, colors: str = "off") -> JobRecord:
-        """Make a job of a probed upload and queue it. Raises Overloaded (503) when the
-        queue is full or the storage refuses the job; the views check the client's limits
-        (:meth:`unfinished`, the rate limit) before."""
+        """Make a job of a probed upload and queue it; Overloaded if the queue or store refuse."""
         record = self.store.create(data, client=client, style=style, size=size,
                                    kind=info.kind, format=info.format,
                                    frames_total=info.frames, colors=colors)
@@ -115,14 +94,12 @@ class Jobs:
         return self.settle(record) if record is not None else None
 
     def unfinished(self, client: str) -> int:
-        """How many of the client's newest jobs are queued or running, stalled runs
-        settled first (a job whose worker died is no longer counted once it failed)."""
+        """How many of the client's newest jobs are queued or running, stalls settled first."""
         return sum(1 for record in self.store.client_jobs(client)
                    if not self.settle(record).finished)
 
     def sweep(self) -> int:
-        """Settle the stalled runs among the newest started (JobStore.started), read by
-        a client or not; how many stalled runs it found."""
+        """Settle the stalled runs among the newest started, read or not; how many."""
         stalled = [record for record in self.store.started() if self._stalled(record)]
         for record in stalled:
             self.settle(record)
@@ -133,9 +110,7 @@ class Jobs:
                 and time.time() - record.updated_at > JOB_STALL_SECONDS)
 
     def settle(self, record: JobRecord) -> JobRecord:
-        """A running job whose worker stopped reporting is queued again (once) or failed:
-        the one rule of the readers and the sweep. Of several settling one run at once,
-        the one that claims it does; the others get the record as stored."""
+        """Queue again (once) or fail a run whose worker stopped reporting, once among readers."""
         if not self._stalled(record):
             return record
         stall = JOB_STALL_SECONDS
@@ -152,8 +127,7 @@ class Jobs:
         return self._finish(record, JobState.FAILED, STALLED)
 
     def _run_again(self, record: JobRecord, why: str) -> bool:
-        """Queue the job's next run if it has one left (MAX_ATTEMPTS) and was not
-        cancelled; False when it has none, or the queue refused it."""
+        """Queue the job's next run; False if it has none left, was cancelled, or is refused."""
         if record.attempts >= MAX_ATTEMPTS or record.cancel_requested:
             return False
         log.warning("flask_animegan: job %s %s; queued again", record.id, why)
@@ -183,10 +157,8 @@ class Jobs:
         """The queue for /healthz."""
         return self.queue.status()
 
-    # -- in a worker -------------------------------------------------------------------
     def run(self, job_id: str) -> None:
-        """Convert the job: each frame decoded in the helper, converted (or the previous
-        result reused), written; the result and preview stored; the record finished."""
+        """Convert the job in a worker, store its result and preview, finish its record."""
         record = self.store.get(job_id)
         if record is None or record.state != JobState.QUEUED:
             return  # cancelled, expired, or taken by another worker already
@@ -215,8 +187,7 @@ class Jobs:
         except JobCancelled:
             self._finish(record, JobState.CANCELLED, None)
         except Overloaded as exc:
-            # a decode helper that got too little CPU to finish in its time (the machine,
-            # not the file): the job's next run gets a fresh helper, on any worker
+            # a decode helper starved of CPU: the machine's fault, not the file's
             if not self._run_again(record, f"was starved of CPU ({exc})"):
                 self._finish(record, JobState.FAILED, str(exc))
         except ConversionError as exc:

@@ -1,27 +1,7 @@
-"""Converted frames out as the upload's kind: GIF, animated WebP, APNG, or MP4/H.264 with the
-source's audio; and the preview still.
-
-Every writer streams: :meth:`FrameWriter.add` encodes the frame it is given and appends it to
-a temporary file, so a writer holds one frame (its RGB image and its encoding) at a time, never
-the clip. :meth:`FrameWriter.finish` returns the whole result as bytes, so the peak is the
-result's size plus one frame, whatever the number of frames:
-
-- GIF: one palettised copy of the frame (1 byte a pixel) and its LZW data; the result is at most
-  about frames x (width x height + 800) bytes.
-- WebP, APNG: the frame's still WebP or PNG encoding.
-- MP4: libx264's lookahead, a fixed number of frames in YUV 4:2:0 (1.5 bytes a pixel), one
-  audio packet, and the audio track the helper made (at most :func:`.media.audio_budget`).
-
-The animation writers write the containers themselves (Pillow encodes each frame) because
-Pillow's ``save_all`` keeps every frame until the end and merges a frame identical to the one
-before into it, which would change the frame count of a clip with a still shot (and of every
-clip whose repeated frames the job reuses).
-
-A frame's ``disposal`` is in the source format's own numbering (GIF's 0-3, APNG's ``dispose_op``
-0-2, WebP's 0 keep / 1 background); ``None`` is the format's "leave it". Every converted frame
-covers the whole canvas, opaque, so disposal never changes what is shown: it is kept because
-the output should be the same kind of file as the input.
-"""
+"""Converted frames out as the upload's kind (GIF, WebP, APNG, MP4 with its audio), and the
+preview. Writers stream each frame to a temporary file, never holding the clip; they write
+the containers themselves because Pillow's ``save_all`` keeps every frame and merges
+identical ones. ``disposal`` is in the source format's numbering (``None``: "leave it")."""
 
 from __future__ import annotations
 
@@ -67,29 +47,23 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Seconds the helper may take to make a video's audio track (a copy takes milliseconds, a
-#: transcode of 30 s well under one).
+#: Seconds the helper may take to make a video's audio track.
 AUDIO_TIMEOUT_S = 15.0
-#: The MP4's video time base: 90 kHz is a whole number of ticks for every usual frame rate
-#: (24, 25, 30000/1001, 50, 60) and for every millisecond.
+#: The MP4's video time base: whole ticks for every usual frame rate and every millisecond.
 VIDEO_TIME_BASE = Fraction(1, 90_000)
-#: The MP4's colours, stated in its stream (FFmpeg's enum values): BT.601's matrix (SMPTE
-#: 170M) in limited ("TV") range, BT.709's primaries and transfer (sRGB's primaries).
-#: Untagged, a browser guesses by size: Chromium read an HD result with BT.709's matrix while
-#: FFmpeg's default conversion is BT.601's, so green 30,200,30 showed as 16,174,29. BT.601
-#: rather than BT.709: Chromium's 8-bit BT.709 path loses up to 8 levels of a saturated blue.
+#: The MP4's colours, tagged in its stream: BT.601's matrix in limited range, BT.709's
+#: primaries and transfer. Untagged, a browser guesses by size and shifts colours; why
+#: BT.601 and not BT.709: docs/benchmark.md, "Figures behind design choices".
 MATRIX = 6  # AVCOL_SPC_SMPTE170M
-SWS_MATRIX = 5  # the same matrix as libswscale names it (SWS_CS_ITU601)
+SWS_MATRIX = 5  # SWS_CS_ITU601: the same matrix in libswscale's numbering
 BT709 = 1  # AVCOL_PRI_BT709, AVCOL_TRC_BT709
 LIMITED_RANGE = 1  # AVCOL_RANGE_MPEG
-#: libx264's speed/size trade-off; its lookahead (20 frames) bounds the encoder's memory.
+#: libx264's speed/size trade-off; its lookahead bounds the encoder's memory.
 X264_PRESET = "faster"
 
 
 class FrameWriter(Protocol):
-    """Takes the converted frames in order; ``finish`` returns the encoded result. ``close``
-    drops a result that will not be finished (a failed or cancelled job); ``finish`` closes
-    too, and a second ``close`` does nothing."""
+    """Takes frames in order; ``finish`` returns the result, ``close`` drops an unfinished one."""
 
     def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,
             pts: float | None = None) -> None: ...
@@ -101,13 +75,7 @@ class FrameWriter(Protocol):
 
 def writer_for(info: MediaInfo, read_audio: Callable[[], AudioTrack | None] | None, *,
                quality: int) -> tuple[FrameWriter, str]:
-    """The writer for an upload probed as ``info`` and the result's MIME type.
-
-    For a video with audio, ``read_audio`` reads the source's track (the decoder's, within
-    the media limits); a track it cannot read is left out, the video converted without it,
-    and logged (:attr:`Mp4Writer.audio` "dropped"). ``quality`` (1-100, as for stills)
-    sets the WebP quality and the MP4's constant rate factor.
-    """
+    """The writer for ``info`` and its MIME type; unreadable audio is left out and logged."""
     if info.kind == "video":
         track, error = None, None
         if info.has_audio and read_audio is not None:
@@ -140,7 +108,7 @@ def preview(image: Image.Image, quality: int) -> bytes:
 
 
 class _StreamedFile:
-    """A writer's output: a temporary file (gone when closed or collected), read once at the end."""
+    """A writer's output: a temporary file, read once at the end."""
 
     def __init__(self) -> None:
         self.file: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the writer
@@ -163,16 +131,8 @@ class _StreamedFile:
             self.file.close()
 
 
-# --------------------------------------------------------------------------------------------
-# GIF
-
-
 class GifWriter:
-    """GIF89a: a local palette per frame (Pillow's fast octree, no dithering, so no dither
-    pattern crawls from frame to frame), each frame's own delay and disposal, the source's loop.
-
-    ``loop`` is the NETSCAPE2.0 repeat count as the source had it (0 forever); ``None`` writes no
-    loop extension, so the GIF plays once, as the source did."""
+    """GIF89a, a palette per frame, undithered so no pattern crawls; ``loop`` None: plays once."""
 
     def __init__(self, *, loop: int | None) -> None:
         self._out = _StreamedFile()
@@ -193,7 +153,7 @@ class GifWriter:
         self._out.frames += 1
 
     def _header(self, width: int, height: int) -> bytes:
-        # logical screen: no global colour table (every frame brings its own), background 0
+        # no global colour table: every frame brings its own
         header = b"GIF89a" + struct.pack("<HHBBB", width, height, 0, 0, 0)
         if self._loop is not None:
             header += (b"!\xff\x0bNETSCAPE2.0\x03\x01"
@@ -209,12 +169,8 @@ class GifWriter:
         self._out.file.close()
 
 
-# --------------------------------------------------------------------------------------------
-# Animated WebP
-
-
 def _riff_chunks(data: bytes, start: int) -> Iterator[tuple[bytes, bytes]]:
-    """(fourcc, payload) of the chunks from ``start`` (RIFF: little-endian sizes, even padding)."""
+    """(fourcc, payload) of the RIFF chunks from ``start``."""
     at = start
     while at + 8 <= len(data):
         fourcc, size = data[at:at + 4], struct.unpack("<I", data[at + 4:at + 8])[0]
@@ -231,8 +187,7 @@ def _u24(value: int) -> bytes:
 
 
 class WebPWriter:
-    """Animated WebP: each frame a lossy WebP still (Pillow, ``quality``) in its own ANMF chunk
-    with its duration in milliseconds, no blending, the source's loop count (0 forever)."""
+    """Animated WebP: each frame a lossy WebP still in its own ANMF chunk, no blending."""
 
     def __init__(self, *, loop: int | None, quality: int) -> None:
         self._out = _StreamedFile()
@@ -244,7 +199,7 @@ class WebPWriter:
         self._out.check(image)
         width, height = image.size
         if not self._out.frames:
-            # RIFF size patched by finish(); VP8X: animation flag, canvas size; ANIM: loop
+            # the RIFF size is patched by finish()
             self._out.file.write(b"RIFF\0\0\0\0WEBP"
                                  + _riff_chunk(b"VP8X", b"\x02\0\0\0" + _u24(width - 1)
                                                + _u24(height - 1))
@@ -273,19 +228,13 @@ class WebPWriter:
         self._out.file.close()
 
 
-# --------------------------------------------------------------------------------------------
-# APNG
-
-
 def _png_chunk(kind: bytes, payload: bytes) -> bytes:
     return (struct.pack(">I", len(payload)) + kind + payload
             + struct.pack(">I", zlib.crc32(kind + payload)))
 
 
 class ApngWriter:
-    """APNG: each frame Pillow's PNG encoding of it (the first as IDAT, so viewers without APNG
-    show it, the rest as fdAT), with its delay in milliseconds, ``blend_op`` SOURCE, its
-    ``dispose_op`` and the source's ``num_plays`` (0 forever)."""
+    """APNG: each frame's PNG encoding, the first as IDAT so viewers without APNG show it."""
 
     def __init__(self, *, loop: int | None) -> None:
         self._out = _StreamedFile()
@@ -342,17 +291,13 @@ class ApngWriter:
         self._out.file.close()
 
 
-# --------------------------------------------------------------------------------------------
-# MP4 / H.264
-
-
 def crf_for(quality: int) -> int:
-    """libx264's constant rate factor for a still-style ``quality``: 90 -> 18, 75 -> 24, 50 -> 34."""
+    """libx264's constant rate factor for a still-style ``quality`` (1-100)."""
     return min(max(round(54 - 0.4 * quality), 14), 40)
 
 
 def _even(image: Image.Image) -> Image.Image:
-    """YUV 4:2:0 needs even sides: an odd side gets its last row or column once more."""
+    """YUV 4:2:0 needs even sides: an odd side repeats its last row or column."""
     width, height = image.size
     if not (width % 2 or height % 2):
         return image
@@ -366,17 +311,8 @@ def _even(image: Image.Image) -> Image.Image:
 
 
 class Mp4Writer:
-    """MP4 with H.264 (libx264, yuv420p, even sides), each frame at the source's presentation
-    time (``pts``, seconds) or, without one, after the previous frame's duration; and the
-    source's audio from ``audio``, the track the helper process made of it
-    (:func:`.frames_helper.isolated_audio`: the source's packets, or AAC transcoded there),
-    copied packet for packet and interleaved with the video as it is written, cut
-    :data:`AUDIO_OVERRUN_S` after the last frame. The writer never reads the upload.
-
-    :attr:`audio` says what became of the source's audio: "none" (it had none), "copied",
-    "transcoded", or "dropped" (the helper could not extract it: :attr:`audio_error` says why).
-
-    One thread for libx264: the job's worker already gives its cores to the inference."""
+    """MP4/H.264 at the source's frame times, with the helper's audio track cut
+    :data:`AUDIO_OVERRUN_S` after the last frame. One libx264 thread: the cores are the model's."""
 
     def __init__(self, audio: AudioTrack | None, *, fps: float | None = None, quality: int,
                  audio_error: str | None = None) -> None:
@@ -384,11 +320,9 @@ class Mp4Writer:
         self._rate = Fraction(fps).limit_denominator(1001) if fps and fps > 0 else Fraction(25)
         self._source: InputContainer | None = None
         self._in_audio: AudioStream | None = None
-        #: "none", "copied", "transcoded" or "dropped": what became of the source's audio
+        #: what became of the source's audio: "none", "copied", "transcoded" or "dropped"
         self.audio = "dropped" if audio_error else "none"
-        #: why the audio was dropped (None when it was not)
         self.audio_error = audio_error
-        #: the source audio codec's name ("" without audio)
         self.audio_codec = audio.codec if audio is not None else ""
         if audio is not None:
             try:  # the helper's own M4A: only a bug gets an error here
@@ -399,8 +333,7 @@ class Mp4Writer:
                 self.audio, self.audio_error = "dropped", f"its track could not be read ({exc})"
                 log.warning("the MP4 is written without the source's audio: %s", self.audio_error)
                 self._close_source()
-        # a named file: faststart (the index before the data, so browsers play it as it
-        # downloads) reopens the output by its name
+        # named: faststart (so browsers play it as it downloads) reopens it by name
         self._file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by close()
             prefix="animegan-", suffix=".mp4")
         self._packets: Iterator[Packet[AudioStream]] | None = None
@@ -408,8 +341,7 @@ class Mp4Writer:
         self._video: VideoStream | None = None
         self._out_audio: AudioStream | None = None
         self._last_pts = self._next_pts = 0
-        # libx264 gives its packets the duration of one frame at the stream's rate: each
-        # packet gets its own frame's, so the last frame lasts as long as it did
+        # each packet gets its own frame's duration, not libx264's one at the stream's rate
         self._durations: dict[int, int] = {}
         self._end = 0.0  # the end of the last frame written, in seconds
         self._frames = 0
@@ -465,8 +397,7 @@ class Mp4Writer:
                 self._pump_audio(float(packet.dts * packet.time_base))
 
     def _pump_audio(self, until: float, limit: float | None = None) -> None:
-        """Copy the track's packets up to ``until`` seconds (interleaving them with the
-        video); with a ``limit``, the rest of them up to there, then end the audio."""
+        """Mux audio up to ``until`` seconds; with a ``limit``, the rest up to it, then stop."""
         if self._packets is None:
             return
         assert self._out is not None and self._out_audio is not None

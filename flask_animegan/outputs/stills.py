@@ -1,7 +1,5 @@
-"""The image formats: what results are written as, and their MIME types.
-
-What uploads may be is decided by content in :mod:`.decoding` (``ACCEPTED_FORMATS``).
-"""
+"""What still results are written as, and their MIME types (what uploads may be:
+``ACCEPTED_FORMATS`` in inputs/decoding.py)."""
 
 from __future__ import annotations
 

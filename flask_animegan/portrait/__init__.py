@@ -1,7 +1,5 @@
 """Portrait mode: faces found, aligned by their eyes, converted with a face style, pasted back.
-
-Light to import: OpenCV and NumPy load on the first call; no torch, no Flask.
-"""
+Light to import: OpenCV and NumPy load on the first call; no torch, no Flask."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Aligning a face by its eyes into the FFHQ-style square crop the face styles learnt on
-(eyes level, side four eye distances); the mouth is placed where an average face has it.
-"""
+(eyes level, side four eye distances); the mouth is placed where an average face has it."""
 
 from __future__ import annotations
 

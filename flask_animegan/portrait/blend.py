@@ -1,6 +1,5 @@
 """Pasting converted faces back: each warped from its crop into the picture, feathered
-by an elliptic raised-cosine mask, so the two styles meet over a band, not a line.
-"""
+by an elliptic raised-cosine mask, so the two styles meet over a band, not a line."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Finding faces: OpenCV's frontal Haar cascade on rolled copies, eyes by its eye cascade.
-
-The upright cascade is run on the picture turned by each of ``ROLLS``, on a copy bounded by
-``DETECT_SIDE``, and duplicates merge. docs/portrait.md says why this detector.
-"""
+"""Finding faces: OpenCV's frontal Haar cascade on copies turned by each of ``ROLLS``,
+duplicates merged, eyes by its eye cascade (docs/portrait.md says why this detector)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ CONVERSIONS_SCOPE = "animegan-conversions"
 
 
 def client_address() -> str:
-    """The client's address: with N trusted proxies, the one the outermost saw (as ProxyFix),
-    so a client cannot pick its identity; else, or for a non-IP entry, the socket's peer."""
+    """The client's address: with N trusted proxies, the one the outermost saw (as
+    ProxyFix does), so a client cannot pick its identity; else the socket's peer."""
     hops = get_service().settings.trusted_proxies
     if hops:
         chain = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",")]

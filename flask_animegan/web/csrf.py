@@ -1,9 +1,6 @@
-"""CSRF protection of the upload form: Flask-WTF's when the app has it, else our own.
-
-The own token lives in Flask's signed session and a hidden field; it fails closed without
-a ``SECRET_KEY``. The JSON API needs no token: it reads no cookie and changes nothing of
-the visitor's (docs/integration.md, CSRF).
-"""
+"""CSRF protection of the upload form: Flask-WTF's when the app has it, else our own
+token in the signed session (closed without a ``SECRET_KEY``). The JSON API needs none:
+it reads no cookie and changes nothing of the visitor's (docs/integration.md)."""
 
 from __future__ import annotations
 
@@ -49,8 +46,8 @@ def _host_check_enabled() -> bool:
 
 
 def exempt_from_host(view: Callable[..., Any]) -> None:
-    """Exempt ``view`` (the JSON API) from the app's Flask-WTF check, once per CSRFProtect;
-    runs per request, so a CSRFProtect made after ``AnimeGAN(app)`` is covered."""
+    """Exempt ``view`` from the app's Flask-WTF check; per request, so that a
+    CSRFProtect made after ``AnimeGAN(app)`` is covered too."""
     protect = host_protect()
     if protect is not None and protect not in _exempted:
         protect.exempt(view)
@@ -84,8 +81,7 @@ def form_field() -> tuple[str, str] | None:
 
 
 def check() -> None:
-    """Refuse the request unless it carries the form's token: Flask-WTF's check if the
-    app has it, else ours from the form field or ``X-CSRF-Token`` (CsrfFailed)."""
+    """Refuse the request unless it carries the form's token (Flask-WTF's, else ours)."""
     protect = host_protect()
     if protect is not None:
         if _host_check_enabled() and not g.get("csrf_valid"):

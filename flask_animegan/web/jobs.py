@@ -1,26 +1,5 @@
-"""The job API and page: animations and videos converted in the background.
-
-``POST /jobs`` takes an upload as ``/convert`` does (multipart field ``image`` or the raw
-body; ``style``, ``size``, ``format``), probes it in a helper process, checks the limits
-at the door and answers ``202`` with ``Location: /jobs/<id>``; ``GET`` on that URL tells
-the job's state and progress, ``DELETE`` cancels it, ``/result`` and ``/preview`` serve
-what it made and ``/page`` is a page that refreshes itself until the result shows (no
-JavaScript needed). A job is found only by its id (24 random bytes): nothing lists jobs.
-
-At the door, before anything is stored:
-
-* a still photo is refused (415) with a pointer to ``/convert``, which converts it at once;
-* a client (the rate limit's key) has at most ANIMEGAN_JOBS_PER_CLIENT unfinished jobs
-  (429);
-* a full queue (ANIMEGAN_JOB_MAX_QUEUE waiting) answers 503 with Retry-After;
-* a job counts against ANIMEGAN_RATE_LIMIT as ceil(frames / ANIMEGAN_FRAMES_PER_CONVERSION)
-  conversions: the limit's own check counted one before the view, the rest are added here
-  through flask-limiter's public API (the same limit item and key, web/limits.py), after a
-  test that they fit, so a refused job costs one.
-
-An animation or a video sent to ``/convert`` gets 415 with ``jobs_url``; sent with the
-form (``/upload``), it becomes a job and the browser is sent to its page (web/uploads.py routes it).
-"""
+"""The job API and page: animations and videos converted in the background
+(docs/http-api.md, "Jobs"). Only a job's random id finds it: nothing lists jobs."""
 
 from __future__ import annotations
 
@@ -72,8 +51,7 @@ class JobNotReady(ConversionError):
 
 @blueprint.url_value_preprocessor
 def _exempt_api_from_host_csrf(endpoint: str | None, values: dict[str, Any] | None) -> None:
-    # the job API reads no cookie, as /convert (csrf.py says why that is safe); DELETE
-    # needs the job's id, which only its creator has
+    # the job API reads no cookie (csrf.py); DELETE needs the id only its creator has
     protect = csrf.host_protect()
     if protect is not None and protect not in _exempted:
         protect.exempt(create_job)
@@ -81,7 +59,6 @@ def _exempt_api_from_host_csrf(endpoint: str | None, values: dict[str, Any] | No
         _exempted.add(protect)
 
 
-# -- the API ---------------------------------------------------------------------------
 def describe(record: JobRecord) -> dict[str, Any]:
     """What ``GET /jobs/<id>`` answers for ``record``."""
     finished = record.state == JobState.DONE
@@ -98,7 +75,7 @@ def describe(record: JobRecord) -> dict[str, Any]:
         "eta_s": (None if record.finished or record.eta_s is None
                   else round(record.eta_s, 1)),
         "error": record.error,
-        # the worker's last report (Unix time): a running job's heartbeat
+        # the worker's last report (Unix time): its heartbeat
         "updated_at": record.updated_at,
         "url": url_for(".job", job_id=record.id),
         "page_url": url_for(".job_page", job_id=record.id),
@@ -147,8 +124,7 @@ def job(job_id: str) -> Response:
 
 @blueprint.delete("/jobs/<job_id>")
 def cancel_job(job_id: str) -> Response:
-    """Cancel a queued job at once, a running one between two frames (202: it stops
-    soon); a finished one is left as it is (409)."""
+    """Cancel a queued job at once, a running one between frames (202); a finished one: 409."""
     record = _record(job_id)
     if record.state == JobState.CANCELLED:
         return _json(describe(record))
@@ -197,8 +173,7 @@ def job_preview(job_id: str) -> Response:
 
 @blueprint.get("/jobs/<job_id>/page")
 def job_page(job_id: str) -> Response:
-    """The job's progress, refreshing itself every PAGE_REFRESH_S seconds until it ends,
-    then its result and a download link."""
+    """The job's progress, refreshing itself until it ends, then its result."""
     record = _record(job_id)
     response = make_response(render_template("animegan/job.html", animegan=views.page_context(
         job=describe(record), refresh=None if record.finished else PAGE_REFRESH_S,
@@ -206,6 +181,6 @@ def job_page(job_id: str) -> Response:
         error=None, job_error=views.sentence(record.error) if record.error else None)))
     response.headers["Cache-Control"] = views.RESULT_CACHE_CONTROL
     if not record.finished:
-        # besides the page's meta refresh, which a site's layout might drop
+        # besides the meta refresh, which a site's layout might drop
         response.headers["Refresh"] = str(PAGE_REFRESH_S)
     return response

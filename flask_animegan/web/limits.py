@@ -1,10 +1,6 @@
-"""Rate limits, through Flask-Limiter's public API only.
-
-The conversion routes share one limit per client; everything else of ours, ``/healthz``
-included, is exempt from any limit. The limit is registered on whichever Limiter counts
-(the host's if it has one, else ours), so host view functions are never rewritten.
-Redis counts go through :class:`FallbackCounts`, so no storage error reaches a request.
-"""
+"""Rate limits through Flask-Limiter's public API: the conversion routes share one limit per
+client, on whichever Limiter counts (the host's, else ours); the rest is exempt. Redis
+counts go through :class:`FallbackCounts`, so no storage error reaches a request."""
 
 from __future__ import annotations
 
@@ -38,7 +34,7 @@ from .clients import CONVERSIONS_SCOPE, client_address
 log = logging.getLogger("flask_animegan")
 #: Short Redis timeouts and no redis-py retries: an outage must not add seconds per request.
 REDIS_OPTIONS = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
-#: The schemes of limits' Redis storages, which FallbackCounts wraps as ``animegan+...``.
+#: The schemes of limits' Redis storages, wrapped as ``animegan+...``.
 COUNTED_SCHEMES = ("redis", "rediss", "redis+unix", "redis+sentinel", "redis+cluster")
 WRAPPED = "animegan+"
 #: Seconds between tries of a rate-limit Redis that is down.
@@ -69,9 +65,8 @@ def counting_limiter(extensions: MutableMapping[str, Any], own: Limiter | None) 
 
 
 class FallbackCounts(CountStorage, MovingWindowSupport, SlidingWindowCounterSupport):
-    """A ``limits`` storage for ``animegan+redis://``: the counts in Redis, or in this
-    process (forgotten later) while it is down or full; it never raises (flask-limiter's
-    own fallback covers only the check before the view)."""
+    """Counts in Redis, or here while it is down or full; never raises (flask-limiter's
+    fallback covers only the check before the view)."""
 
     STORAGE_SCHEME = [WRAPPED + scheme for scheme in COUNTED_SCHEMES]  # noqa: RUF012 - limits' registry reads it
 
@@ -119,7 +114,7 @@ class FallbackCounts(CountStorage, MovingWindowSupport, SlidingWindowCounterSupp
         if self.health.may_try():
             client = getattr(self.shared, "storage", None)  # limits' redis-py client
             try:
-                # limits' own check() answers False for any error, naming none
+                # limits' check() answers False for any error, naming none
                 if client is None and not self.shared.check():
                     raise ConnectionError("no answer to PING")
                 if client is not None:
@@ -187,7 +182,7 @@ def own_limiter(app: Flask, settings: Settings) -> Limiter:
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError:
-            pass  # flask-limiter names the missing driver below
+            pass  # flask-limiter names the missing driver
         else:
             options = {**REDIS_OPTIONS, "retry": Retry(NoBackoff(), 0)}
     # our views add the X-RateLimit-* headers; flask-limiter's would put Retry-After on 200s
@@ -217,25 +212,23 @@ def warn_if_evicting(counts: FallbackCounts) -> None:
             counts.health.address, policy)
 
 
-#: Set on ``g`` once a conversion passed its parameter checks: from then on it counts.
 _SPENT = "animegan_spent"
 
 
 def spending() -> None:
-    """Mark this request as one that costs CPU (decoding starts)."""
+    """Mark this request as one that costs CPU: from now on it counts."""
     setattr(g, _SPENT, True)
 
 
 def deducts(response: Response) -> bool:
-    """Whether this request counts: it succeeded, or failed after decoding began (a
-    refusal that cost no CPU, or any 503, counts nothing)."""
+    """Whether this request counts: it succeeded, or failed (not 503) after spending CPU."""
     status = response.status_code
     return status < 400 or (bool(g.get(_SPENT)) and status != 503)
 
 
 def conversion_cost() -> int:
     """What this request takes from the limit: ceil((size / max_side)^2) above max_side,
-    capped by the smallest limit so a large photo is never refused for ever; else 1."""
+    capped by the smallest limit so a large photo is never refused forever; else 1."""
     service = get_service()
     if request.endpoint == f"{blueprint.name}.create_job" or not service.rate_limit:
         return 1
@@ -243,8 +236,8 @@ def conversion_cost() -> int:
     if raw is None and request.mimetype == "multipart/form-data":
         try:
             raw = request.form.get("size")
-        except HTTPException:  # unreadable (too large): the view answers; flask-limiter
-            return 1           # would take an exception from here for a storage outage
+        except HTTPException:  # too large: the view answers (raised here, an "outage")
+            return 1
     text = (raw or "").strip()
     size = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else 0
     largest = getattr(service, "max_output_side", service.max_side)
@@ -271,7 +264,7 @@ def _form_post_to_refuse() -> bool:
     try:
         return not csrf.passes()
     except HTTPException:
-        # unreadable form: counted, and the view answers (raised here, it reads as an outage)
+        # counted, and the view answers (raised here, it would read as an outage)
         return False
 
 
@@ -282,7 +275,7 @@ def configure(limiter: Limiter) -> None:
             return
         # exempt from the host's default and application-wide limits, not from our own
         limiter.exempt(blueprint, flags=ExemptionScope.DEFAULT | ExemptionScope.APPLICATION)
-        # tested before the view, deducted after it (deducts); large photos cost more
+        # tested before the view, deducted after it; large photos cost more
         limiter.shared_limit(_conversion_limit, scope=CONVERSIONS_SCOPE, methods=["POST"],
                              exempt_when=lambda: _not_counting(limiter),
                              deduct_when=deducts, cost=conversion_cost)(blueprint)
@@ -290,7 +283,7 @@ def configure(limiter: Limiter) -> None:
         _configured.add(limiter)
 
 
-# runs before every before_request function, so the host's Limiter is set up before its check
+# before every before_request function, so the host's Limiter is set up before its check
 @blueprint.url_value_preprocessor
 def _settle_limiter(endpoint: str | None, values: dict[str, Any] | None) -> None:
     limiter = get_service().limiter

@@ -1,8 +1,5 @@
-"""The blueprint's OpenAPI 3.1 document, served at ``<prefix>/openapi.json``.
-
-Built per request from the URL map and :data:`OPERATIONS`; a route without a description
-raises, and a test compares the two, so they cannot drift.
-"""
+"""The blueprint's OpenAPI 3.1 document at ``<prefix>/openapi.json``, built from the URL
+map: a route without a description raises, so the two cannot drift."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The site's own checks on our routes: the decorators of ANIMEGAN_PAGE_DECORATORS and
-ANIMEGAN_API_DECORATORS, and ANIMEGAN_ADMIN_CHECK (docs/site-integration.md).
-
-The blueprint's views are shared by every app in the process, so the decorators wrap a
-stand-in view run before anything else of ours; they guard, they cannot change a response.
-"""
+"""The site's own checks on our routes (ANIMEGAN_PAGE_DECORATORS, _API_DECORATORS,
+_ADMIN_CHECK). Every app in the process shares the blueprint's views, so the decorators
+wrap a stand-in view run first: they guard, they cannot change a response."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ from werkzeug.utils import ImportStringError, import_string
 from ..config import Settings
 from .clients import client_address, is_loopback
 
-#: Where a site's checks live in ``app.extensions`` (beside the service, "animegan").
 EXTENSION_KEY = "animegan.protection"
 #: The pages a browser opens, and the pictures they show.
 PAGE_ENDPOINTS = frozenset({"animegan.index", "animegan.upload", "animegan.result",
@@ -32,7 +28,7 @@ _LET_THROUGH = object()
 
 @dataclass(frozen=True)
 class Protection:
-    """One app's checks, imported: the decorators of each kind of route, the admin check."""
+    """One app's checks, imported."""
 
     pages: tuple[Callable[..., Any], ...] = ()
     api: tuple[Callable[..., Any], ...] = ()
@@ -70,8 +66,8 @@ def _protection() -> Protection:
 
 
 def guard(endpoint: str | None) -> None:
-    """Run the site's decorators for ``endpoint``; return if they let the request through,
-    else abort with their answer (on the API a login redirect becomes a 401 naming it)."""
+    """Run the site's decorators for ``endpoint``; abort with their answer unless they let
+    the request through (on the API a login redirect becomes a 401)."""
     protection = _protection()
     decorators = (protection.pages if endpoint in PAGE_ENDPOINTS
                   else protection.api if endpoint in GUARDED_API_ENDPOINTS else ())
@@ -93,8 +89,7 @@ def guard(endpoint: str | None) -> None:
 
 
 def is_admin() -> bool:
-    """Whether the visitor runs the site (for the admin hints): ANIMEGAN_ADMIN_CHECK, else
-    only a loopback client in debug mode."""
+    """Whether the visitor runs the site: ANIMEGAN_ADMIN_CHECK, else loopback in debug mode."""
     check = _protection().admin_check
     if check is not None:
         return bool(check())

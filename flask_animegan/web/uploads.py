@@ -1,5 +1,4 @@
-"""Uploads at the door: the file and its parameters read once, checked, and routed to a
-photo conversion or a job by one function, the service's ``route``."""
+"""Uploads at the door: read once, checked, and routed to a photo conversion or a job."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlen
 
 
 class SendElsewhere(UnsupportedImage):
-    """An upload sent to the wrong door: a still to the jobs, an animation or a video to
-    ``/convert``; ``urls`` (e.g. ``jobs_url``) say where to send it (animegan.js follows)."""
+    """An upload sent to the wrong door; ``urls`` say where to send it (animegan.js follows)."""
 
     def __init__(self, message: str, **urls: str) -> None:
         super().__init__(message)
@@ -38,8 +36,7 @@ class SendElsewhere(UnsupportedImage):
 
 
 class TooManyJobs(ConversionError):
-    """The client's unfinished jobs are at ANIMEGAN_JOBS_PER_CLIENT, or the job's frames
-    are more conversions than its rate limit has left."""
+    """The client has too many unfinished jobs, or too few conversions left for the frames."""
 
     status = 429
 
@@ -59,20 +56,15 @@ class Upload:
 
 
 def receive() -> Upload:
-    """Read the upload, check its parameters (before anything costs CPU), count it
-    against the rate limit, and route it."""
+    """Read the upload, check its parameters before anything costs CPU, and route it."""
     data, params = read_upload()
     parsed = get_service().parse(params)
-    spending()  # from here on the request costs CPU: it counts against the rate limit
+    spending()  # from here on the request costs CPU
     return Upload(data, params, parsed, get_service().route(data))
 
 
 def read_upload() -> tuple[bytes, Any]:
-    """The uploaded file's bytes and the request's parameters.
-
-    Accepts multipart/form-data (field ``image``; parameters in the form or query)
-    or the raw image as the body (parameters in the query string).
-    """
+    """The file's bytes and the parameters: multipart (field ``image``) or the raw body."""
     if request.mimetype == "multipart/form-data":
         upload = request.files.get("image")
         if upload is None:
@@ -125,16 +117,13 @@ def job_for_convert(info: MediaInfo) -> SendElsewhere:
         "its progress", jobs_url=url_for(".create_job"))
 
 
-# -- jobs at the door ------------------------------------------------------------------
 def _conversions(frames: int) -> int:
     return max(1, math.ceil(frames / FRAMES_PER_CONVERSION))
 
 
 def _charge_frames(info: MediaInfo) -> None:
-    """Count the job's frames against the conversions' rate limit: ``ceil(frames / N)``
-    conversions, one of which flask-limiter takes after the view (it tested that one
-    before it). Raises TooManyJobs, costing nothing more than that one, when they do not
-    fit in what is left."""
+    """Count a job's frames as ``ceil(frames / N)`` conversions against the rate limit;
+    TooManyJobs, costing one (flask-limiter's, after the view), if they do not fit."""
     service = get_service()
     cost = _conversions(info.frames)
     if cost <= 1:
@@ -165,15 +154,13 @@ def _charge_frames(info: MediaInfo) -> None:
 
 
 def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = None) -> JobRecord:
-    """Check an upload at the door and queue its job; the new JobRecord. ``info`` is the
-    upload's probe when routing made it already."""
+    """Check an upload at the door and queue its job; ``info``: its probe, if made already."""
     service = get_service()
     jobs = service.jobs
     if jobs is None:
         raise UnsupportedImage("animations and videos are off in this app; send a photo")
-    # the result keeps the upload's kind (GIF -> GIF, video -> MP4); the preview is a JPEG
     parsed = service.parse(params, media=True)
-    spending()  # the probe and the frames cost CPU: from here on the request counts
+    spending()  # the probe and the frames cost CPU
     if info is None:
         info = jobs.probe(data)
     if info.kind == "still":
@@ -191,8 +178,7 @@ def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = N
                           f"{cap}); wait for one to finish{way}", retry_after=5)
     waiting = jobs.queue.queued_count()
     if waiting >= service.settings.job_max_queue:
-        # before the frames are counted, so a full queue costs the client no more than
-        # its request (Jobs.submit's enqueue answers the same when it fills meanwhile)
+        # before the frames are counted: a full queue costs the client one request
         raise Overloaded(f"the job queue is full ({waiting} jobs are waiting for a "
                          f"worker); try again in {FULL_RETRY_AFTER} s", FULL_RETRY_AFTER)
     _charge_frames(info)

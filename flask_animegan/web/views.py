@@ -51,53 +51,44 @@ from .blueprint import blueprint
 from .clients import client_key, is_loopback
 from .limits import conversion_cost, deducts, spending
 
-#: The job API's endpoints (web/jobs.py), all JSON; its page, ``job_page``, is HTML.
+#: The job API's endpoints, all JSON (its page, ``job_page``, is HTML).
 JOB_API_ENDPOINTS = frozenset({"animegan.create_job", "animegan.job", "animegan.cancel_job",
                                "animegan.job_result", "animegan.job_preview"})
 #: Endpoints that answer JSON (errors included); the others render pages.
 API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz",
                            "animegan.style_sample", "animegan.metrics",
                            "animegan.openapi"}) | JOB_API_ENDPOINTS
-#: Endpoints that spend CPU on a conversion: the blueprint's POST routes, which share
-#: the rate limit (web/limits.py); a job adds its frames to it (web/jobs.py).
+#: The POST routes that spend CPU on a conversion; they share the rate limit.
 LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert", "animegan.create_job"})
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
-#: Output sizes the form offers (those up to the largest a photo may ask for,
-#: ANIMEGAN_MAX_OUTPUT_SIDE, and ANIMEGAN_MAX_SIDE and that largest themselves).
+#: Output sizes the form may offer, up to ANIMEGAN_MAX_OUTPUT_SIDE.
 FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 #: Most seconds a refused conversion's upload is read before its 503 (_drop_body).
 DROP_BODY_SECONDS = 1.0
-#: The form's choices of the colour option and portrait mode (value, label).
+#: The form's choices (value, label).
 COLOR_CHOICES = (("off", "The style's own colours"), ("luma", "Keep the photo's brightness"),
                  ("keep", "Keep the photo's colours"))
 PORTRAIT_CHOICES = (("auto", "Find faces with face styles"), ("on", "Find faces, any style"),
                     ("off", "Do not look for faces"), ("faces", "Only the faces"))
-#: Fields the form and the API read; a form with many more parts is not ours.
+#: A form with many more parts than the fields we read is not ours.
 MAX_FORM_PARTS = 32
 BUILT_IN_BASE = DEFAULTS["ANIMEGAN_BASE_TEMPLATE"]
 log = logging.getLogger("flask_animegan")
-#: The block adapters (see _layout), per Jinja environment (one per app) and block name.
+#: The block adapters of _layout, per Jinja environment (one per app) and block name.
 _adapters: weakref.WeakKeyDictionary[Environment, dict[str, Template]] = (
     weakref.WeakKeyDictionary())
 
 
-# A URL value preprocessor, not before_request: Flask runs these before every
-# before_request function, the site's included, and Flask-WTF's CSRFProtect reads the
-# form (the upload) in one of those.
+# A URL value preprocessor, not before_request: these run before every before_request
+# function, and Flask-WTF's CSRFProtect reads the upload in one of those.
 @blueprint.url_value_preprocessor
 def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> None:
-    # the site's login (or other) checks first: a visitor they turn away takes no
-    # conversion slot and no part of the rate limit (web/protection.py)
+    # the site's checks first: a visitor they turn away takes no slot and no rate limit
     protection.guard(endpoint)
     if endpoint in LIMITED_ENDPOINTS:
-        # Before anything reads the upload: an app with its conversions all in use
-        # answers 503 at once, and one thread stays free for /healthz and the pages
-        # (runtime/admission.py). Left in _leave_admission, however the request ends.
-        # A refused one's body is dropped before its 503 goes (_drop_unread_body).
+        # before the upload is read: a full app answers 503 at once (left in _leave_admission)
         g.animegan_admission = get_service().admission.enter()
-    # Werkzeug answers 413 from Content-Length before reading the body. A chunked
-    # body has no length: Werkzeug then stops reading at the limit without an error,
-    # so allow one byte more and refuse the body if it gets there (uploads.read_upload).
+    # a chunked body is cut at the limit silently: one byte more lets read_upload refuse it
     limit = get_service().max_upload_bytes
     _limit_the_body(limit if request.content_length is not None else limit + 1)
     request.max_form_parts = MAX_FORM_PARTS
@@ -105,9 +96,7 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
 
 
 def _limit_the_body(limit: int) -> None:
-    """This request's body limit. Flask 3.1 sets it per request; on Flask 3.0 the
-    property reads the app's MAX_CONTENT_LENGTH only, so the limited stream is set here
-    (a body over it is refused when it is read, as on Flask 3.1)."""
+    """Set this request's body limit (on Flask 3.0, whose property is read-only, the stream)."""
     try:
         request.max_content_length = limit
     except AttributeError:  # Flask 3.0: a read-only property
@@ -129,36 +118,21 @@ class _RefusedBody(io.RawIOBase):
 
 @blueprint.after_request
 def _drop_unread_body(response: Response) -> Response:
-    """Under gunicorn, every answer to a conversion is sent once its upload is in: read
-    by the view, or read and dropped here, for at most :data:`DROP_BODY_SECONDS` (a 503
-    of the admission, a 429, a 400 for a parameter, a 413 of a chunked body are all
-    decided before the body is read).
-
-    A server that answers before the body is read and closes the connection has the
-    kernel reset it while the body is still arriving, and a reset can destroy the answer
-    before the client reads it: gunicorn drops at most 64 KiB of an unread body, then
-    closes (and it writes its own Connection header, whatever the app's says). A body
-    already read costs one empty read here. A client that sends its body slower than
-    that gets its answer after that second, and gunicorn closes the connection a few
-    seconds later: one still sending then may see a reset. Behind nginx
-    (deploy/nginx.conf), which reads the whole body before it passes a request on, none
-    does."""
+    """Under gunicorn, drop the unread rest of a conversion's upload: gunicorn closes on an
+    unread body, and the kernel's reset can destroy the answer before the client reads it."""
     if request.endpoint in LIMITED_ENDPOINTS and request.method == "POST":
         _drop_body(get_service().max_upload_bytes)
     return response
 
 
 def _drop_body(limit: int) -> bool:
-    """Read and drop what is left of the request's body, for at most
-    :data:`DROP_BODY_SECONDS` and ``limit`` bytes; True when it was all read."""
+    """Drop the rest of the body, within DROP_BODY_SECONDS and ``limit``; True if all read."""
     length = request.content_length
     if length is not None and length > limit:
         return False  # more than the limit: not worth reading (413 says so)
     sock = request.environ.get("gunicorn.socket")
     if sock is None:
-        # another server: no socket to bound the reads with, so a client that stops
-        # sending could hold this thread; that server's own rules apply
-        return False
+        return False  # no socket to bound the reads: a stalled client could hold the thread
     deadline = time.monotonic() + DROP_BODY_SECONDS
     left = limit + 1
     try:
@@ -187,10 +161,8 @@ def _leave_admission(error: BaseException | None) -> None:
 
 
 def content_security_policy() -> str:
-    """The policy for the blueprint's responses: ANIMEGAN_CONTENT_SECURITY_POLICY, except
-    that its default, written for the built-in base template, is not sent with the
-    site's own layout; that layout's inline scripts and styles are the site's, and so
-    is the policy that allows them."""
+    """ANIMEGAN_CONTENT_SECURITY_POLICY, except its default (made for the built-in base
+    template) with the site's own layout: that layout's inline scripts need the site's policy."""
     settings = get_service().settings
     policy = settings.content_security_policy
     if (policy == DEFAULTS["ANIMEGAN_CONTENT_SECURITY_POLICY"]
@@ -215,18 +187,14 @@ def _security_headers(response: Response) -> Response:
 
 @blueprint.after_request
 def _rate_limit_headers(response: Response) -> Response:
-    """X-RateLimit-* on the limited routes; Retry-After only where it means something.
-
-    The window is read from the counts' storage after the view; a storage that fails
-    then (a host Limiter's; ours falls back by itself, web/limits.py) costs the
-    headers, never the finished conversion."""
+    """X-RateLimit-* on the limited routes; Retry-After only on 429 and 503. A storage
+    that fails here costs the headers, never the finished conversion."""
     service = get_service()
     current = service.limiter.current_limit if service.rate_limit_headers else None
     if current is not None and request.endpoint in LIMITED_ENDPOINTS:
         window = _window(current)
         if window is not None:
-            # flask-limiter takes this request's cost after our after_request functions
-            # (web/limits.py: a refusal that cost no CPU takes none)
+            # flask-limiter takes this request's cost after us (none for a refusal)
             remaining = max(0, window[0] - (conversion_cost() if deducts(response) else 0))
             response.headers.setdefault("X-RateLimit-Limit", str(current.limit.amount))
             response.headers.setdefault("X-RateLimit-Remaining", str(remaining))
@@ -237,8 +205,7 @@ def _rate_limit_headers(response: Response) -> Response:
 
 
 def _window(current: Any) -> tuple[int, int] | None:
-    """``(remaining, reset_at)`` of flask-limiter's RequestLimit, or ``None`` when its
-    storage cannot say now."""
+    """``(remaining, reset_at)`` of a RequestLimit, or ``None`` when its storage fails."""
     try:
         return int(current.remaining), int(current.reset_at)
     except Exception:  # noqa: BLE001 - any storage failure: go on without the figures
@@ -252,9 +219,7 @@ def _path_only(url: str) -> str:
 
 
 def _under_our_routes(path: str, prefix: str) -> bool:
-    """Whether ``path`` is the blueprint's: under its prefix, or, mounted at the site's
-    root (prefix ""), where the host's own pages also live, under the first segment of
-    one of its routes (``/convert``, ``/jobs/...``; not the host's ``/no-such-page``)."""
+    """Whether ``path`` is ours: under the prefix or, at the root, under a route's first segment."""
     if prefix:
         return path == prefix or path.startswith(prefix + "/")
     first = path.split("/", 2)[1] if path.startswith("/") else ""
@@ -264,21 +229,14 @@ def _under_our_routes(path: str, prefix: str) -> bool:
 
 
 def routing_error_response(response: Response) -> Response:
-    """For requests under the prefix that matched no route: our status, headers and JSON
-    error body, whatever the host's handlers (``app_errorhandler(404)``,
-    ``errorhandler(Exception)``) made of them.
-
-    Registered on the app (Flask gives a request that matched no route to the app's
-    handlers only); requests outside the prefix (at the site's root: outside our routes'
-    first segments, :func:`_under_our_routes`) are left exactly as the host answered.
-    """
+    """Our JSON error for a request under our prefix that matched no route, whatever the
+    host's handlers made of it (registered on the app: Flask sends such requests only there)."""
     if request.routing_exception is None or request.blueprint is not None:
         return response
     if not _under_our_routes(request.path, get_service().settings.url_prefix.rstrip("/")):
         return response
     if isinstance(request.routing_exception, RequestRedirect):
-        # Werkzeug's slash redirect (/animegan -> /animegan/) is absolute, built from the
-        # Host header a client chose; a path-only Location stays on the site it came to.
+        # Werkzeug's slash redirect is built from the client's Host header: keep the path only
         response.headers["Location"] = _path_only(request.routing_exception.new_url)
         return add_security_headers(response)
     error = request.routing_exception
@@ -302,9 +260,8 @@ def _count_request(response: Response) -> Response:
 
 
 def page_context(layout: str | Template | None = None, **extra: Any) -> SimpleNamespace:
-    """What the page templates read, as one variable, ``animegan``: the site's layout
-    sees its own template globals (Flask-WTF's ``csrf_token()``, ``current_user``, ...)
-    unshadowed."""
+    """What the page templates read, as one variable ``animegan``, so that the site's
+    own template globals (``csrf_token()``, ``current_user``) stay unshadowed."""
     service = get_service()
     styles = service.styles_info()
     installed = [s for s in styles if s["installed"]]
@@ -336,9 +293,8 @@ def page_context(layout: str | Template | None = None, **extra: Any) -> SimpleNa
 
 
 def _layout(base_template: str, block: str) -> str | Template:
-    """The template the pages extend: the base template itself when it has the block
-    ``animegan_content``, else a two-line adapter that puts that block into ``block``
-    (Jinja has no ``{% block %}`` with a name from a variable)."""
+    """The template the pages extend: the base template, or an adapter that puts
+    ``animegan_content`` into ``block`` (Jinja takes no block name from a variable)."""
     if block == DEFAULTS["ANIMEGAN_CONTENT_BLOCK"]:
         return base_template
     env = current_app.jinja_env
@@ -352,16 +308,14 @@ def _layout(base_template: str, block: str) -> str | Template:
 
 
 def sentence(message: str) -> str:
-    """An error message as the page shows it, with and without JavaScript (animegan.js
-    does the same): a capital first letter and a full stop."""
+    """An error message as pages show it (as animegan.js does): capitalised, with a full stop."""
     message = message.strip()
     if message and message[-1] not in ".!?":
         message += "."
     return message[:1].upper() + message[1:]
 
 
-#: Pages that hold a visitor's own state (a CSRF token, a result's capability URL) are
-#: never kept by shared caches; a result page is not kept at all.
+#: Pages with a visitor's own state (CSRF token, result URL) stay out of shared caches.
 INDEX_CACHE_CONTROL = "private, no-cache"
 RESULT_CACHE_CONTROL = "private, no-store"
 #: Values of ``?download=`` on a result image: an attachment, or shown inline.
@@ -390,8 +344,7 @@ def upload() -> BaseResponse:
         size=conversion.size, note=describe_options(conversion))
     token = service.results.add(stored)
     if token is None:
-        # the page store is down or full: answer with the page itself, its pictures
-        # inline, rather than a page id that no instance could find
+        # the page store is down or full: the page itself, pictures inline
         return _result_page(stored, token=None)
     return redirect(url_for(".result", token=token), code=303)
 
@@ -427,8 +380,7 @@ def _data_url(mimetype: str, data: bytes) -> str:
 
 
 def download_wanted(raw: str) -> bool:
-    """``?download=1`` (true, yes, on) asks for an attachment; 0 (false, no, off) or none
-    for the image inline; anything else is refused rather than guessed."""
+    """Whether ``?download=`` asks for an attachment; a value not yes or no is refused."""
     value = parameter_word(raw)
     if value in _YES or value in _NO:
         return value in _YES
@@ -453,8 +405,7 @@ def result_image(token: str, kind: str) -> Response:
 
 
 def file_response(data: bytes, mimetype: str, attachment: str | None = None) -> Response:
-    """A result's bytes, kept privately for a few minutes; ``attachment``: its download
-    name (else shown inline)."""
+    """A result's bytes, cached privately; ``attachment`` names a download, else inline."""
     response = Response(data, mimetype=mimetype)
     if attachment:
         response.headers["Content-Disposition"] = f'attachment; filename="{attachment}"'
@@ -475,17 +426,15 @@ def convert() -> Response:
         "X-AnimeGAN-Face-Crop": "centre-square" if conversion.face_crop else "none",
         "X-AnimeGAN-Colors": conversion.colors,
         "Cache-Control": "no-store",
-        # browser devtools show where the time went
         "Server-Timing": describe_timings(conversion.timings),
     })
-    if conversion.faces is not None:  # portrait mode ran (docs/portrait.md)
+    if conversion.faces is not None:  # portrait mode ran
         response.headers["X-Faces"] = str(conversion.faces)
     return response
 
 
 def describe_options(conversion: Conversion) -> str:
-    """What portrait mode and the colour option did, in a sentence or two, for the result
-    page (animegan.js says the same from the headers)."""
+    """What portrait mode and the colour option did, for the result page."""
     parts = []
     if conversion.faces == 0:
         parts.append("No face was found" + (": the centre square was converted, as the face "
@@ -556,9 +505,7 @@ def _error_response(message: str, status: int, retry_after: int | None = None) -
 
 
 def _error_page(message: str) -> str:
-    """The form with the error above it, in the site's layout; if that page cannot be
-    rendered (a broken layout is often why we are here), in the built-in one, and
-    failing that, as a bare page."""
+    """The form with the error, in the site's layout, else (it may be what broke) ours or bare."""
     for layout in (None, BUILT_IN_BASE):
         try:
             return render_template("animegan/index.html",
@@ -587,7 +534,7 @@ def _rate_limited(error: RateLimitExceeded) -> Response:
         service.metrics.rate_limited.inc()
     current = service.limiter.current_limit
     window = _window(current) if current is not None else None
-    # without the window (its storage failed just now), the limit's own period
+    # without the window (its storage failed), the limit's own period
     wait = (max(1, int(window[1] - time.time())) if window is not None
             else max(1, int(error.limit.limit.get_expiry())))
     return _error_response(f"too many conversions from your address (limit: {error.description});"
@@ -611,18 +558,14 @@ def _http_error(error: HTTPException) -> Response:
     return _error_response(message, error.code or 500)
 
 
-# Flask picks an error handler by status code before it looks at classes, the app's
-# code handlers before the blueprint's class handlers: a site's app_errorhandler(404)
-# would answer our abort(404)s. Registered here for every HTTP error code, ours come
-# first for every request under the prefix that matched a route.
+# Flask tries the app's code handlers before the blueprint's class handlers, so a site's
+# app_errorhandler(404) would answer our abort(404)s: register ours for every code.
 for _code in default_exceptions:
     blueprint.register_error_handler(_code, _http_error)
 
 
 @blueprint.errorhandler(Exception)
 def _unexpected(error: Exception) -> NoReturn:
-    """An exception no handler of ours knows (a bug): raised on, so that Flask logs it,
-    sends ``got_request_exception`` and, unless it propagates (testing, debug), answers
-    with our 500 handler above; without this, a site's ``errorhandler(Exception)``,
-    found before Flask makes the 500, would answer it."""
+    """Re-raise a bug so Flask logs it and answers with our 500 handler; otherwise a
+    site's ``errorhandler(Exception)`` would answer it first."""
     raise error
