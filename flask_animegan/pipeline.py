@@ -1,4 +1,4 @@
-"""One conversion, stage by stage: (cache: sample -> lookup) -> decode -> fit -> infer -> encode.
+"""One conversion, stage by stage: (cache: lookup) -> decode and fit -> (cache) -> infer -> encode.
 
 The service (API and form), the CLI and ``bench/`` all convert through
 :meth:`Pipeline.convert`, so what is measured is what is served.
@@ -20,15 +20,14 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 
 from .inputs.colors import COLOR_MODES, keep_colors
-from .inputs.decoding import DecodedUpload, fit, fitted_size, to_rgb
+from .inputs.decoding import fit, to_rgb
 from .inputs.formats import MIME_TYPES, encode
 from .inputs.isolation import Decoder
 from .runtime.catalog import StyleInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cache import CachedResult, NearDuplicateCache
-    from .cache.fingerprint import Fingerprint
-    from .cache.near_duplicate import Lookup
+    from .cache.near_duplicate import Fingerprint, Lookup
     from .runtime.engine import InferenceEngine
 
 
@@ -142,25 +141,18 @@ class Pipeline:
             if again is not None:
                 return self._sent_again(data, again, style, size, fmt, square, options,
                                         lap.timings)
+        decoded = self.decoder.decode(data, size=size, square=square)
+        lap("decode")
         fingerprint: Fingerprint | None = None
-        decoded: DecodedUpload | None = None
         if lookup is not None:
-            # the cache compares statistics of the decoded upload: a hit needs no fit
-            sampled = self.decoder.sample(data, size=size, square=square)
-            looked_up = fitted_size(sampled.source_size, size, square)
-            lap("sample")
-            fingerprint = lookup.cache.fingerprint(sampled.samples, size=looked_up,
-                                                   source=sampled.source_size,
-                                                   jpeg_tables=sampled.jpeg_tables)
-            cached = self._from_cache(lookup, fmt, fingerprint, looked_up)
+            # the same photo: compared on what the network sees, so a hit needs no resize
+            if lookup.cache.near:
+                fingerprint = lookup.cache.fingerprint(decoded.image)
+            cached = lookup.same_photo(fingerprint)
             lap("cache")
             if cached is not None:
                 return self._near_hit(data, cached, style, size, fmt, square, options,
-                                      looked_up, sampled.fitted, lap.timings)
-            decoded = sampled.fitted
-        if decoded is None:
-            decoded = self.decoder.decode(data, size=size, square=square)
-            lap("decode")
+                                      decoded.image, lap.timings)
         fitted = decoded.image  # what the network sees
         faces: int | None = None
         if portrait == "off":
@@ -176,7 +168,7 @@ class Pipeline:
         lap("infer")
         encoded = encode(result, fmt, self.quality)
         lap("encode")
-        if lookup is not None and fingerprint is not None:
+        if lookup is not None:
             lookup.cache.put(namespace, fingerprint, encoded, decoded.image.size,
                              -1 if faces is None else faces, upload=upload)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
@@ -203,25 +195,24 @@ class Pipeline:
                           cache_hit=True, face_crop=square, input_loader=input_image,
                           timings=timings, faces=faces, colors=options.colors)
 
-    def _near_hit(self, data: bytes, cached: tuple[bytes, int | None], style: StyleInfo,
-                  size: int, fmt: str, square: bool, options: Options, fitted: tuple[int, int],
-                  decoded: DecodedUpload | None, timings: dict[str, float]) -> Conversion:
-        """The conversion of the same photo as one converted before, from its cached
-        result (resized to ``fitted``, this upload's fitted size): its input fitted only
-        if someone asks (unless the sample's decode fitted it already)."""
-        data_out, faces = cached
+    def _near_hit(self, data: bytes, cached: CachedResult, style: StyleInfo, size: int,
+                  fmt: str, square: bool, options: Options, fitted: Image.Image,
+                  timings: dict[str, float]) -> Conversion:
+        """The conversion of the same photo as one converted before (the same fitted
+        size), from its cached result; ``fitted`` is this upload's input, decoded."""
+        faces = None if cached.faces < 0 else cached.faces
+        out_size, shown = fitted.size, fitted  # type: tuple[int, int], Image.Image | None
         if style.face and faces == 0 and not square:
             # a face style whose portrait mode found no face converted the centre square
-            square, decoded = True, None
-            with Image.open(io.BytesIO(data_out)) as stored:
-                fitted = stored.size
+            square, shown = True, None
+            with Image.open(io.BytesIO(cached.data)) as stored:
+                out_size = stored.size
 
         def input_image() -> Image.Image:
             return self.decoder.decode(data, size=size, square=square).image
 
-        return Conversion(data_out, MIME_TYPES[fmt], fmt, style.name, fitted,
-                          cache_hit=True, face_crop=square,
-                          input_image=decoded.image if decoded is not None else None,
+        return Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
+                          cache_hit=True, face_crop=square, input_image=shown,
                           input_loader=input_image, timings=timings, faces=faces,
                           colors=options.colors)
 
@@ -257,23 +248,6 @@ class Pipeline:
         scene_style = (self.engine.style(settings.scene_style) if style.face else style).name
         scene = self._run(picture, scene_style, colors)
         return paste_faces(picture, found, scene, convert_face), len(found)
-
-    def _from_cache(self, lookup: Lookup, fmt: str, fingerprint: Fingerprint,
-                    size: tuple[int, int]) -> tuple[bytes, int | None] | None:
-        """The cached result for this input and its faces (None: portrait mode did not
-        run), resized to ``size`` if it was sent at a slightly different size; None on
-        a miss."""
-        cached = lookup.same_photo(fingerprint)
-        if cached is None:
-            return None
-        faces = None if cached.faces < 0 else cached.faces
-        if cached.size == size:
-            return cached.data, faces
-        with Image.open(io.BytesIO(cached.data)) as stored:
-            if stored.size != cached.size:  # not the picture's shape: the faces, a square
-                return cached.data, faces
-            result = stored.convert("RGB").resize(size, Image.Resampling.LANCZOS)
-        return encode(result, fmt, self.quality), faces
 
     def convert_image(self, image: Image.Image, style: StyleInfo, size: int,
                       options: Options = Options()) -> Image.Image:
