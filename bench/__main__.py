@@ -24,7 +24,6 @@ from flask_animegan.runtime.engine import InferenceEngine
 
 from . import (
     backends,
-    cache,
     cache_rule,
     ceilings,
     colors,
@@ -105,9 +104,8 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
     results["stages"] = run_section("stages", lambda: stages.measure(
         data, size=plan.stage_size, runs=plan.stage_runs, models_dir=weights.models_dir,
         style=weights.style, precision=precision, backend=backend), errors)
-    results["cache_rule"] = run_section("cache rule", lambda: cache_rule.measure(
-        quick, results["stages"].get("stages_ms", {}).get("inference"), plan.stage_size),
-        errors)
+    results["cache"] = run_section("cache", lambda: cache_rule.measure(
+        quick, weights.models_dir, weights.style), errors)
 
     logs = workdir / "logs"
     logs.mkdir()
@@ -134,8 +132,6 @@ def run(plan: Plan, quick: bool, workdir: Path) -> tuple[dict[str, Any], list[st
             inference_ms / 1000 if inference_ms else None)
         results["service"]["ratios"]["model_mode"] = mode
 
-    results["cache"] = run_section("cache", lambda: cache.measure(
-        weights, image, size=plan.cache_size, repeats=plan.cache_repeats, log_dir=logs), errors)
     results["memory"] = run_section("memory", lambda: memory.measure(
         weights, data, plan, logs), errors)
     results["backends"] = run_section("backends", lambda: backends.measure(

@@ -143,37 +143,14 @@ def service(results: dict[str, Any]) -> str:
 
 
 def cache(results: dict[str, Any]) -> str:
-    """Section 5: cache hit against miss."""
+    """Section 5: whom the cache's rule shares a result with, and a hit's time."""
+    from . import cache_rule
+
     section = results["cache"]
-    head = "## 5. Cache (ours, cache on)"
+    head = "## 5. Cache (the real NearDuplicateCache; times through the service)"
     if _error(section):
         return f"{head}\n{_error(section)}"
-    return (f"{head}\n" + table(["", "median s", "vs miss"], [
-        ["miss (JPEG q90)", num(section["miss_s"], 3), "1"],
-        ["hit: the same file sent again (no decode)", num(section["hit_s"], 3),
-         num(section["hit_vs_miss"], 3)],
-        ["hit: the photo re-encoded at q85 (decode, fingerprint, rule)",
-         num(section.get("copy_hit_s"), 3), num(section.get("copy_hit_vs_miss"), 3)]])
-            + (f"\nfloor of any decoded hit: the request as sent again + Pillow's bare decode "
-               f"of the copy ({num(section['copy_decode_s'] * 1000, 1)} ms) = "
-               f"{num(section['copy_floor_vs_miss'], 3)} of the miss"
-               if section.get("copy_decode_s") is not None else "")
-            + f"\nconfirmed by X-Cache: {section['misses_confirmed']}/{section['repeats']} MISS, "
-              f"{section['hits_confirmed']}/{section['repeats']} HIT sent again, "
-              f"{section.get('copy_hits_confirmed')}/{section['repeats']} HIT re-encoded")
-
-
-def cache_rule(results: dict[str, Any]) -> str:
-    """Section 5b: which copies the cache's rule shares a result between (bench/cache_rule.py)."""
-    from . import cache_rule as rule
-
-    section = results.get("cache_rule", {})
-    head = "## 5b. Cache rule (in process, the real NearDuplicateCache)"
-    if not section:
-        return f"{head}\nnot measured"
-    if _error(section):
-        return f"{head}\n{_error(section)}"
-    return f"{head}\n{rule.render(section)}"
+    return f"{head}\n{cache_rule.render(section)}"
 
 
 def memory(results: dict[str, Any]) -> str:
@@ -253,7 +230,7 @@ def targets(results: dict[str, Any]) -> str:
 def render(results: dict[str, Any]) -> str:
     """The whole report as text."""
     blocks = [f"# flask-animegan benchmark{' (--quick: smoke sizes, not the real figures)' if results['quick'] else ''}"]
-    for part in (machine, model, stages, service, cache, cache_rule, memory, backends,
+    for part in (machine, model, stages, service, cache, memory, backends,
                  jobs, colors, targets):
         blocks.append(part(results))
     blocks.append(f"Took {results['duration_s']:.0f} s.")

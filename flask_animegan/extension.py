@@ -217,8 +217,8 @@ class AnimeGAN:
         cache = NearDuplicateCache(
             open_storage(settings.storage_uri, max_bytes=settings.cache_max_bytes,
                          prefix="animegan:cache:"),
-            ttl=settings.cache_ttl,
-            max_distance=settings.phash_max_distance,
+            ttl=settings.cache_ttl, max_distance=settings.phash_max_distance,
+            near=settings.cache_scope == "client",
             key=secret.encode() if isinstance(secret, str) else bytes(secret or b""))
         pages = open_storage(settings.state_storage, max_bytes=settings.result_max_bytes,
                              prefix="animegan:page:")

@@ -52,9 +52,9 @@ def test_quick_bench_reports_every_section_and_both_baselines_answer(tmp_path):
     for key in ("throughput_vs_original", "throughput_vs_optimized", "throughput_x_model_s",
                 "first_vs_steady", "cpu_per_image_top_vs_single"):
         assert positive(ratios[key]), (key, ratios[key])
-    assert positive(results["cache"]["hit_vs_miss"])
-    assert results["cache"]["hits_confirmed"] >= 1
-    assert positive(results["cache"]["copy_hit_vs_miss"])
+    assert positive(results["cache"]["times"]["near_hit_vs_miss"])
+    assert results["cache"]["times"]["confirmed"]["near hit"] >= 1
+    assert results["cache"]["other_client_hits"] == 0
     assert positive(results["stages"]["non_inference_share"])
     assert results["memory"]["small_statuses"] == {"200": results["memory"]["warmup_requests"]
                                                    + results["memory"]["requests"]}

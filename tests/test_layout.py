@@ -36,7 +36,7 @@ LAYERS = {
 #: Rooms of one layer that must not import one another...
 SIBLINGS = {"inputs", "outputs", "runtime", "cache", "portrait"}
 #: ...but through these doors (importer, imported).
-DOORS = {("outputs", "inputs"), ("cache", "inputs")}
+DOORS = {("outputs", "inputs")}
 
 
 def modules() -> dict[str, Path]:

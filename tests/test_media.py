@@ -125,15 +125,13 @@ def test_square_styles_get_the_centre_square():
 def test_static_shot_frames_are_the_same_photo_by_the_cache_rule():
     """The frame-skipping measurement's clip: its static shot decodes to frames the
     cache's rule calls the same photo, the pan after it to frames it does not."""
-    from flask_animegan.cache.fingerprint import Fingerprint
-    from flask_animegan.inputs.samples import of_picture
+    from flask_animegan.cache.near_duplicate import Fingerprint
 
     # at x264's default quality (crf 23) the encoder refines a static picture frame by
-    # frame by more than the rule allows (measured: up to 1.9 times); at 6, 0.5 times
+    # frame by more than the rule allows; at 6 it does not
     _, frames = probe_and_frames(clips.video_clip(seconds=2, fps=10, size=(128, 96),
                                                   static_seconds=1, crf=6), False, size=128)
-    prints = [Fingerprint.of(of_picture(frame.image), 16, size=frame.image.size)
-              for frame in frames]
+    prints = [Fingerprint.of(frame.image) for frame in frames]
     same = [a.same_photo(b, 6) for a, b in itertools.pairwise(prints)]
     assert same[:9] == [True] * 9
     assert same[10:] == [False] * 9

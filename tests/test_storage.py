@@ -22,9 +22,10 @@ from flask_animegan.cache import (
     ResultStore,
     StoredResult,
 )
-from flask_animegan.cache.fingerprint import GRID_BYTES, Fingerprint
 from flask_animegan.cache.near_duplicate import (
-    IndexMember,
+    VERSION,
+    Fingerprint,
+    Member,
     decode_entry,
     decode_member,
     encode_entry,
@@ -34,8 +35,7 @@ from flask_animegan.cache.storage import MemoryStorage, open_storage
 from flask_animegan.cache.storage.memory import ITEM_OVERHEAD
 from flask_animegan.cache.storage.redis import RedisStorage
 from flask_animegan.errors import ImageTooLarge
-from flask_animegan.inputs.decoding import DecodeLimits, fitted_size
-from flask_animegan.inputs.isolation import Decoder
+from flask_animegan.inputs.decoding import DecodeLimits, decode_upload
 
 PREFIX = "animegan:test:"
 SIDE = 256
@@ -50,13 +50,10 @@ def uri(request) -> str:
 
 
 def uploaded(image: Image.Image, fmt: str = "PNG", **params) -> Fingerprint:
-    """What the service fingerprints of ``image`` uploaded as ``fmt`` for SIDE: the
-    statistics the decoder takes of it."""
-    sampled = Decoder(limits=DecodeLimits(max_pixels=10**8), isolation="thread", timeout=30,
-                      slots=1, max_queue=0, queue_timeout=30).sample(
-        encode_image(image, fmt, **params), size=SIDE)
-    return Fingerprint.of(sampled.samples, 16, size=fitted_size(sampled.source_size, SIDE),
-                          source=sampled.source_size, jpeg_tables=sampled.jpeg_tables)
+    """What the service fingerprints of ``image`` uploaded as ``fmt`` for SIDE: its
+    decoded, fitted input."""
+    data = encode_image(image, fmt, **params)
+    return Fingerprint.of(decode_upload(data, DecodeLimits(max_pixels=10**8), size=SIDE).image)
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +135,11 @@ def test_memory_storage_is_safe_across_threads():
 
 # -- the cache on both backends ------------------------------------------------------------
 
+def get(cache: NearDuplicateCache, namespace: tuple, fingerprint: Fingerprint):
+    """The same photo's result in ``namespace`` (one lookup), or None."""
+    return cache.lookup(namespace).same_photo(fingerprint)
+
+
 def make_cache(uri: str, **options) -> NearDuplicateCache:
     return NearDuplicateCache(open_storage(uri, max_bytes=10**8, prefix=PREFIX), ttl=60,
                               **options)
@@ -148,10 +150,10 @@ def test_a_re_encoded_copy_hits_and_a_locally_edited_one_misses(uri, astronaut):
     namespace = ("203.0.113.7", "style", SIDE, "jpeg")
     original = astronaut["original"]
     cache.put(namespace, original, b"A's result", original.size)
-    found = cache.get(namespace, astronaut["jpeg q85"])
+    found = get(cache, namespace, astronaut["jpeg q85"])
     assert found is not None and (found.data, found.size) == (b"A's result", original.size)
     for other in ("face pixelated", "coffee"):
-        assert cache.get(namespace, astronaut[other]) is None, other
+        assert get(cache, namespace, astronaut[other]) is None, other
     assert (cache.stats()["hits"], cache.stats()["misses"]) == (1, 2)
 
 
@@ -159,20 +161,20 @@ def test_clients_styles_sizes_and_formats_do_not_share(uri, astronaut):
     cache = make_cache(uri)
     fingerprint = astronaut["original"]
     cache.put(("203.0.113.7", "a", SIDE, "jpeg"), fingerprint, b"result", (SIDE, SIDE))
-    assert cache.get(("203.0.113.7", "a", SIDE, "jpeg"), fingerprint) is not None
+    assert get(cache, ("203.0.113.7", "a", SIDE, "jpeg"), fingerprint) is not None
     for other in (("203.0.113.8", "a", SIDE, "jpeg"), (None, "a", SIDE, "jpeg"),
                   ("203.0.113.7", "b", SIDE, "jpeg"), ("203.0.113.7", "a", 128, "jpeg"),
                   ("203.0.113.7", "a", SIDE, "png")):
-        assert cache.get(other, fingerprint) is None, other
+        assert get(cache, other, fingerprint) is None, other
 
 
 def test_cache_entries_expire_after_the_ttl(uri, astronaut):
     cache = NearDuplicateCache(open_storage(uri, max_bytes=10**8, prefix=PREFIX), ttl=0.3)
     fingerprint = astronaut["original"]
     cache.put(("c", "s", SIDE, "jpeg"), fingerprint, b"result", (SIDE, SIDE))
-    assert cache.get(("c", "s", SIDE, "jpeg"), fingerprint) is not None
+    assert get(cache, ("c", "s", SIDE, "jpeg"), fingerprint) is not None
     time.sleep(0.4)
-    assert cache.get(("c", "s", SIDE, "jpeg"), fingerprint) is None
+    assert get(cache, ("c", "s", SIDE, "jpeg"), fingerprint) is None
 
 
 def test_only_the_newest_entries_of_a_namespace_are_candidates(uri, astronaut):
@@ -180,38 +182,38 @@ def test_only_the_newest_entries_of_a_namespace_are_candidates(uri, astronaut):
     namespace = ("c", "s", SIDE, "jpeg")
     for name in ("original", "face pixelated", "coffee"):  # three different photos
         cache.put(namespace, astronaut[name], name.encode(), (SIDE, SIDE))
-    assert cache.get(namespace, astronaut["original"]) is None
-    assert cache.get(namespace, astronaut["coffee"]).data == b"coffee"
-    assert len(cache.storage.index(f"index:{cache._digest(namespace)}", 100)) == 2
+    assert get(cache, namespace, astronaut["original"]) is None
+    assert get(cache, namespace, astronaut["coffee"]).data == b"coffee"
+    assert len(cache.storage.index(f"{VERSION}:index:{cache._digest(namespace)}", 100)) == 2
 
 
 def corrupt_members(real: bytes) -> list[bytes]:
     """Index members that must be skipped: junk, truncated, altered, pickled, other sizes."""
     return [b"", b"AGF6", b"\x00" * len(real), real[:-1], real + b"\x00",
-            b"XXXX" + real[4:], b"AGF7" + real[4:],  # the grids as the rule took them before
+            b"XXXX" + real[4:], b"AM09" + real[4:],  # another version's magic
             real[:4] + struct.pack("<d", float("nan")) + real[12:],  # a NaN creation time
             real[:12] + struct.pack("<I", 0) + real[16:],  # a width of 0
-            pickle.dumps(IndexMember(0.0, b"x" * 16, None)),
+            pickle.dumps(Member(0.0, b"x" * 16, None, bytes(16))),
             np.random.default_rng(0).bytes(len(real))]
 
 
 def test_corrupt_index_members_and_entries_are_skipped(uri, astronaut):
     cache = make_cache(uri, index_cap=32)
     namespace = ("c", "s", SIDE, "jpeg")
-    index = f"index:{cache._digest(namespace)}"
+    index = f"{VERSION}:index:{cache._digest(namespace)}"
     fingerprint = astronaut["original"]
     cache.put(namespace, fingerprint, b"real", (SIDE, SIDE))
     real = cache.storage.index(index, 1)[0]
-    assert decode_member(real, 16) is not None and decode_member(real, 8) is None
+    assert decode_member(real) is not None
     for n, member in enumerate(corrupt_members(real)):
-        assert decode_member(member, 16) is None, n
+        assert decode_member(member) is None, n
         cache.storage.set_indexed(f"junk{n}", b"junk", index=index, member=member, ttl=60,
                                   cap=32)
-    assert cache.get(namespace, fingerprint).data == b"real"
+    assert get(cache, namespace, fingerprint).data == b"real"
     # an entry whose value does not parse reads as a miss
-    entry_id = decode_member(real, 16).entry_id.hex()
-    cache.storage.set(f"entry:{cache._digest(namespace)}:{entry_id}", b"AGE", 60)
-    assert cache.get(namespace, fingerprint) is None
+    entry_id = decode_member(real).entry_id.hex()
+    cache.storage.set(f"{VERSION}:entry:{cache._digest(namespace)}:{entry_id}", b"AE1", 60)
+    assert get(cache, namespace, fingerprint) is None
 
 
 def test_a_file_sent_again_is_found_by_its_keyed_digest_in_one_index_read(uri, astronaut):
@@ -264,7 +266,8 @@ def test_redis_keys_are_prefixed_hashed_and_expire(redis_server, astronaut):
     client = redis_server.client()
     keys = sorted(key.decode() for key in client.keys("*"))
     assert len(keys) == 3 and f"animegan:page:{token}" in keys
-    assert all(key.startswith((PREFIX + "index:", PREFIX + "entry:", "animegan:page:"))
+    assert all(key.startswith((f"{PREFIX}{VERSION}:index:", f"{PREFIX}{VERSION}:entry:",
+                               "animegan:page:"))
                for key in keys)
     assert not any("203.0.113" in key for key in keys)  # the client's address is hashed
     assert all(0 < client.pttl(key) <= 60_000 for key in keys)
@@ -299,17 +302,17 @@ def test_a_hit_and_a_miss_cost_two_redis_round_trips_each(redis_server, astronau
     original, copy = astronaut["original"], astronaut["jpeg q85"]
     # a miss: the lookup, then the put of the new result
     first = original
-    assert trips(lambda: cache.get(namespace, first)) == 1
+    assert trips(lambda: get(cache, namespace, first)) == 1
     assert trips(lambda: cache.put(namespace, first, b"result", original.size)) == 1
     # a miss whose candidates fail the checks, in a namespace full of them
     for name in ("face pixelated", "coffee"):
         cache.put(namespace, astronaut[name], b"other", (SIDE, SIDE))
     edited = uploaded(pixelated(photo("astronaut"), (150, 150, 200, 200), 10))
-    assert trips(lambda: cache.get(namespace, edited)) == 1
+    assert trips(lambda: get(cache, namespace, edited)) == 1
     assert cache.stats()["hits"] == 0
     # a hit: the index, then the entry
     found = []
-    assert trips(lambda: found.append(cache.get(namespace, copy))) == 2
+    assert trips(lambda: found.append(get(cache, namespace, copy))) == 2
     assert found[0].data == b"result"
     # a file sent again: the index, then the entry; one that is not: the index once, for
     # its digest and its fingerprint
@@ -339,15 +342,15 @@ def test_bytes_stored_per_entry_on_redis(redis_server, astronaut):
                         ttl=60, max_bytes=10**6)
     client = redis_server.client()
     namespace = ("203.0.113.7", "style", SIDE, "jpeg")
-    index = f"{PREFIX}index:{cache._digest(namespace)}"
+    index = f"{PREFIX}{VERSION}:index:{cache._digest(namespace)}"
     usage = {}
     for name in ("original", "coffee"):
         result = np.random.default_rng(1).bytes(30_000)  # a 256 px JPEG's order of size
         cache.put(namespace, astronaut[name], result, (SIDE, SIDE))
         usage[name] = client.memory_usage(index, samples=0)
     member = usage["coffee"] - usage["original"]
-    entry = {name: client.memory_usage(f"{PREFIX}entry:{cache._digest(namespace)}:"
-                                       f"{decode_member(blob, 16).entry_id.hex()}", samples=0)
+    entry = {name: client.memory_usage(f"{PREFIX}{VERSION}:entry:{cache._digest(namespace)}:"
+                                       f"{decode_member(blob).entry_id.hex()}", samples=0)
              for name, blob in zip(("coffee", "original"), client.lrange(index, 0, -1))}
     extra = max(entry[name] - 30_000 for name in entry)
     token = pages.add(StoredResult(result, result, "image/jpeg", "style", (SIDE, SIDE)))
@@ -355,8 +358,8 @@ def test_bytes_stored_per_entry_on_redis(redis_server, astronaut):
     print(f"\nper cache entry: its result + up to {extra} B (key, header, allocator "
           f"rounding) + {member} B in its index (a first index: {usage['original']} B); "
           f"per page: its images + {page} B")
-    assert len(client.lindex(index, 0)) == struct.calcsize("<4sdIIIIIH16s16s") + 32 + GRID_BYTES
-    assert member <= 16 * 1024 and usage["original"] <= 16 * 1024
+    assert len(client.lindex(index, 0)) == struct.calcsize("<4sdII32s2048s16s16s")
+    assert member <= 4 * 1024 and usage["original"] <= 4 * 1024
     assert all(0 < entry[name] - 30_000 < 30_000 // 4 + 200 for name in entry)
     assert extra + member <= 32 * 1024  # an entry is at most its result + 32 KiB
     assert page < 60_000 // 4 + 200
@@ -384,10 +387,10 @@ def test_a_redis_outage_is_quiet_quick_and_ends_by_itself(redis_server, astronau
     namespace = ("c", "s", SIDE, "jpeg")
     fingerprint = astronaut["original"]
     cache.put(namespace, fingerprint, b"result", (SIDE, SIDE))
-    assert cache.get(namespace, fingerprint) is not None
+    assert get(cache, namespace, fingerprint) is not None
     redis_server.kill()
     for _ in range(3):
-        for operation in (lambda: cache.get(namespace, fingerprint),
+        for operation in (lambda: get(cache, namespace, fingerprint),
                           lambda: cache.put(namespace, fingerprint, b"result", (SIDE, SIDE)),
                           lambda: storage.set("key", b"value", 60),
                           lambda: storage.index("list", 5)):
@@ -402,9 +405,9 @@ def test_a_redis_outage_is_quiet_quick_and_ends_by_itself(redis_server, astronau
     redis_server.start()  # the same port, empty
     time.sleep(0.35)
     assert storage.status()["ok"] is True  # a health check alone sees the recovery
-    assert cache.get(namespace, fingerprint) is None  # an empty Redis: a miss, not an outage
+    assert get(cache, namespace, fingerprint) is None  # an empty Redis: a miss, not an outage
     cache.put(namespace, fingerprint, b"again", (SIDE, SIDE))
-    assert cache.get(namespace, fingerprint).data == b"again"
+    assert get(cache, namespace, fingerprint).data == b"again"
     assert storage.status() == {"backend": "redis", "ok": True, "state": "ok", "error": None,
                                 "server": f"redis://127.0.0.1:{redis_server.port}/0"}
     down, back = outage_logs(caplog)
@@ -542,15 +545,10 @@ def test_a_redis_uri_without_redis_py_says_what_to_install(monkeypatch):
 
 
 def test_a_member_round_trips_exactly(astronaut):
-    cache = NearDuplicateCache(MemoryStorage(10**6), ttl=60)
     fingerprint = astronaut["original"]
-    member = decode_member(encode_member(IndexMember(1.5, b"i" * 16, fingerprint), 16), 16)
-    assert member.created == 1.5 and member.entry_id == b"i" * 16
-    again = member.fingerprint
-    assert again.phash == fingerprint.phash and again.size == fingerprint.size
-    assert np.array_equal(again.luma, fingerprint.luma)
-    assert np.array_equal(again.cells, fingerprint.cells)
-    assert again.same_photo(fingerprint, 0)
+    member = decode_member(encode_member(Member(1.5, b"i" * 16, fingerprint, b"u" * 16)))
+    assert member == Member(1.5, b"i" * 16, fingerprint, b"u" * 16)
+    assert member.fingerprint.same_photo(fingerprint, 0)
 
 
 def test_an_entry_round_trips_and_a_cut_one_never_raises():
@@ -562,4 +560,4 @@ def test_an_entry_round_trips_and_a_cut_one_never_raises():
     for end in range(len(blob)):
         assert decode_entry(blob[:end]) is None
     assert decode_entry(blob + b"x") is None
-    assert decode_entry(b"AGE3" + blob[4:]) is None  # the format before this one
+    assert decode_entry(b"AGE4" + blob[4:]) is None  # the format before this one

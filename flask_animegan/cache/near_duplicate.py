@@ -1,43 +1,11 @@
-"""The near-duplicate result cache: a result is reused only for the same photo.
+"""The result cache: a result is reused only for the same client's same file or same photo.
 
-"The same photo" is one rule, :meth:`Fingerprint.same_photo` (stated in
-docs/http-api.md), checked against what each entry keeps of its input: a
-:class:`~flask_animegan.cache.fingerprint.Fingerprint` of a few KiB and a keyed digest of
-the upload's bytes, never the upload or its pixels. The digest is a shortcut the rule
-already allows: the same bytes decode to the same statistics, whose fingerprint is
-always the same photo as itself, so an upload sent again is answered from the index
-before it is decoded at all (:meth:`Lookup.same_upload`), and only an upload the index
-has not seen pays its decode and fingerprint (:meth:`Lookup.same_photo`).
-
-Entries live in a :mod:`flask_animegan.cache.storage` backend: an in-process
-``MemoryStorage`` (a cachetools TLRU cache bounded by ANIMEGAN_CACHE_MAX_BYTES) or Redis,
-shared by every instance and bounded by the server's ``maxmemory`` with
-``maxmemory-policy allkeys-lru``. No client can make Redis grow without bound: each
-namespace (client, style, size, format) has one index capped at ``index_cap`` members,
-so at most ``index_cap`` live entries, and every key has a TTL.
-
-Layout (keys under the storage's prefix, e.g. ``animegan:cache:``):
-
-- ``index:<namespace digest>``: a list, newest first, of at most ``index_cap`` members;
-  a member is a 66-byte header (magic, creation time, the fitted width and
-  height, the upload's width and height and JPEG tables' digest, phash length, entry id, upload
-  digest), the phash (32 bytes at hash_size 16) and the two cell grids (11,264 bytes):
-  11,362 bytes.
-- ``entry:<namespace digest>:<id>``: a 16-byte header (magic, width, height, length)
-  and the result's bytes.
-
-Redis round trips: a lookup reads the index once (at most ``index_cap`` members: 122 KiB
-at the default 11), for the upload's digest and then, if need be, for the rule on each
-member; a miss ends there (1 round trip), a hit reads the chosen entry (2). Storing a result is one more (the entry and its index member
-in one MULTI/EXEC). Bytes per entry, measured with ``MEMORY USAGE`` on Redis 7
-(tests/test_storage.py, bench/cache_rule.py): its result rounded up to jemalloc's size
-class (up to +25 %, about +10 % on average) + about 130 bytes of key and header, plus
-about 12,300 bytes for its member in the index.
-
-The namespace holds the client's address (ANIMEGAN_CACHE_SCOPE "client"), so keys carry
-only a keyed BLAKE2b digest of it. Stored bytes use a small explicit binary format,
-never pickle: data in a shared Redis must not be able to run code here, and a member or
-value that does not parse is skipped like a miss.
+The rule (docs/http-api.md): the same namespace (client, style, size, format, colours,
+portrait mode), and the same upload (a keyed digest) or a fitted input of the same size
+whose 256-bit pHash is within ``max_distance`` bits of the stored one, where no cell of a
+16 x 16 grid over it at half size differs by more than :data:`GRID_LEVELS` levels in mean
+Y, Cb or Cr or Y's standard deviation. Entries live in memory or Redis under versioned
+keys, as explicit structs (never pickle); a member that does not parse is a miss.
 """
 
 from __future__ import annotations
@@ -52,59 +20,86 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..inputs.samples import Samples
-from .fingerprint import GRID_BYTES, Fingerprint
+import numpy as np
+from PIL import Image
+
 from .storage import MemoryStorage, Storage
 
-# Little-endian throughout, so every instance reads what any other wrote.
-# magic, created (Unix time), width, height, the upload's width, height and JPEG tables,
-# phash bytes, entry id, upload digest
-_MEMBER = struct.Struct("<4sdIIIIIH16s16s")
-_MEMBER_MAGIC = b"AGF9"  # AGF8 (grids of the fitted input), AGF7 (box-filtered): skipped
+HASH_SIZE = GRID_SIDE = 16  # a 256-bit pHash; a 16 x 16 grid
+#: T: the most a cell's statistic may differ, in levels (chosen by bench/cache_rule.py).
+GRID_LEVELS = 1.25
+_STEPS = 8  # the grid is stored in eighths of a level (uint16)
+INDEX_CAP = 11  # members a namespace's index keeps: the candidates of a lookup
+VERSION = "v10"  # in every key and magic: another version's entries are never compared
+_GRID_BYTES = GRID_SIDE * GRID_SIDE * 4 * 2
+_MEMBER = struct.Struct(f"<4sdII{HASH_SIZE ** 2 // 8}s{_GRID_BYTES}s16s16s")
+_MEMBER_MAGIC = b"AM10"  # magic, created, fitted width, height, phash, grid, entry id, upload
 _ENTRY = struct.Struct("<4sIIiI")  # magic, width, height, faces, length of the result
-_ENTRY_MAGIC = b"AGE4"
-#: Members a namespace's index keeps: a lookup reads at most 11 x 11,362 bytes (122 KiB).
-INDEX_CAP = 11
+_ENTRY_MAGIC = b"AE10"
+_NO_UPLOAD = bytes(16)
 
 
-class IndexMember(NamedTuple):
-    """One cache entry as its namespace's index lists it."""
+@dataclass(frozen=True)
+class Fingerprint:
+    """A fitted input as the cache compares it: pHash, fitted size, cell grid."""
 
+    phash: bytes  # HASH_SIZE ** 2 bits
+    size: tuple[int, int]  # (0, 0): none (an entry only its upload's digest finds)
+    grid: bytes  # per cell: mean Y, Cb, Cr, Y's deviation, in eighths of a level (<u2)
+
+    @classmethod
+    def of(cls, fitted: Image.Image) -> Fingerprint:
+        """The fingerprint of ``fitted``, the RGB picture the network sees. Its grid is
+        taken at half size, where JPEG's finest noise is gone and a blur still shows."""
+        import imagehash  # imported on first use: `flask` commands need none of it
+
+        bits = np.packbits(imagehash.phash(fitted, hash_size=HASH_SIZE).hash.flatten())
+        half = fitted.reduce(2) if min(fitted.size) >= 2 * GRID_SIDE else fitted
+        ycc = np.asarray(half.convert("YCbCr"), np.float32)
+        y, cb, cr, y2 = (np.asarray(Image.fromarray(np.ascontiguousarray(plane), "F").resize(
+            (GRID_SIDE, GRID_SIDE), Image.Resampling.BOX), np.float64)
+            for plane in (ycc[..., 0], ycc[..., 1], ycc[..., 2], ycc[..., 0] ** 2))
+        grid = np.stack([y, cb, cr, np.sqrt(np.maximum(y2 - y ** 2, 0))], axis=2)
+        return cls(bits.tobytes(), fitted.size, np.rint(grid * _STEPS).astype("<u2").tobytes())
+
+    def distance(self, other: Fingerprint) -> int:
+        """Hamming distance between the pHashes."""
+        return (int.from_bytes(self.phash, "big") ^ int.from_bytes(other.phash, "big")).bit_count()
+
+    def grid_levels(self, other: Fingerprint) -> float:
+        """The largest difference of a cell's statistic between the two, in levels."""
+        a, b = np.frombuffer(self.grid, "<u2"), np.frombuffer(other.grid, "<u2")
+        return float(np.abs(a.astype(np.int32) - b).max()) / _STEPS
+
+    def same_photo(self, other: Fingerprint, max_distance: int) -> bool:
+        """The rule for two fitted inputs (see the module docstring); symmetric."""
+        return (self.size == other.size != (0, 0) and self.distance(other) <= max_distance
+                and self.grid_levels(other) <= GRID_LEVELS)
+
+
+_NONE = Fingerprint(bytes(HASH_SIZE ** 2 // 8), (0, 0), bytes(_GRID_BYTES))
+
+
+class Member(NamedTuple):  # one entry as its namespace's index lists it
     created: float  # Unix time, comparable between instances
     entry_id: bytes  # 16 random bytes naming the entry's key
     fingerprint: Fingerprint
-    upload: bytes = bytes(16)  # the upload's keyed digest (NearDuplicateCache.upload_digest)
+    upload: bytes  # the upload's keyed digest
 
 
-def phash_bytes(hash_size: int) -> int:
-    """Bytes of a phash of ``hash_size`` (its hash_size² bits, packed)."""
-    return (hash_size * hash_size + 7) // 8
+def encode_member(m: Member) -> bytes:
+    f = m.fingerprint
+    return _MEMBER.pack(_MEMBER_MAGIC, m.created, *f.size, f.phash, f.grid, m.entry_id, m.upload)
 
 
-def encode_member(member: IndexMember, hash_size: int) -> bytes:
-    """The index member's bytes: header, phash, cell grid."""
-    fp = member.fingerprint
-    size = phash_bytes(hash_size)
-    return b"".join((_MEMBER.pack(_MEMBER_MAGIC, member.created, *fp.size, *fp.source,
-                                  fp.jpeg_tables, size, member.entry_id, member.upload),
-                     fp.phash.to_bytes(size, "big"), fp.to_bytes()))
-
-
-def decode_member(blob: bytes, hash_size: int) -> IndexMember | None:
-    """The member in ``blob``, or ``None`` if it is not one of ``hash_size`` (never raises)."""
-    size = phash_bytes(hash_size)
-    if not isinstance(blob, bytes) or len(blob) != _MEMBER.size + size + GRID_BYTES:
+def decode_member(blob: object) -> Member | None:
+    """The member in ``blob``, or ``None`` when it is not one of this version (never raises)."""
+    if not isinstance(blob, bytes) or len(blob) != _MEMBER.size:
         return None
-    (magic, created, width, height, source_width, source_height, tables, stored_size,
-     entry_id, upload) = _MEMBER.unpack_from(blob)
-    if (magic != _MEMBER_MAGIC or stored_size != size or not math.isfinite(created)
-            or not (width > 0 and height > 0)):
+    magic, created, width, height, phash, grid, entry_id, upload = _MEMBER.unpack(blob)
+    if magic != _MEMBER_MAGIC or not math.isfinite(created) or (width == 0) != (height == 0):
         return None
-    phash = int.from_bytes(blob[_MEMBER.size:_MEMBER.size + size], "big")
-    luma, cells = Fingerprint.grids_from(blob, _MEMBER.size + size)
-    fingerprint = Fingerprint(phash, (width, height), luma, cells,
-                              (source_width, source_height), tables)
-    return IndexMember(created, entry_id, fingerprint, upload)
+    return Member(created, entry_id, Fingerprint(phash, (width, height), grid), upload)
 
 
 @dataclass(frozen=True)
@@ -120,7 +115,7 @@ def encode_entry(data: bytes, size: tuple[int, int], faces: int = -1) -> bytes:
 
 
 def decode_entry(blob: bytes | None) -> CachedResult | None:
-    """The cached result in ``blob``, or ``None`` if there is none or it does not parse."""
+    """The result in ``blob``, or ``None`` if there is none or it does not parse."""
     if not isinstance(blob, bytes) or len(blob) < _ENTRY.size:
         return None
     magic, width, height, faces, length = _ENTRY.unpack_from(blob)
@@ -130,140 +125,102 @@ def decode_entry(blob: bytes | None) -> CachedResult | None:
 
 
 class NearDuplicateCache:
-    """Results keyed by (namespace, perceptual hash), reused only for the same photo.
+    """Results per namespace, found by upload digest or by :meth:`Fingerprint.same_photo`.
 
-    A lookup hits when a live entry of the namespace passes
-    :meth:`Fingerprint.same_photo` with ``max_distance``; of those, the closest phash
-    (then the newest) is read. Only the ``index_cap`` newest entries of a namespace are
-    candidates. Without ``storage``, entries live in a private ``MemoryStorage`` of
-    ``max_bytes``. ``key`` (e.g. the app's secret key) keys the namespace digests.
+    ``near=False`` (ANIMEGAN_CACHE_SCOPE=global) finds identical files only. Without
+    ``storage``, a private ``MemoryStorage`` of ``max_bytes``. ``key`` (the app's secret)
+    keys the digests of namespaces and uploads.
     """
 
     def __init__(self, storage: Storage | None = None, *, ttl: float,
-                 max_bytes: int | None = None, hash_size: int = 16, max_distance: int = 6,
-                 index_cap: int = INDEX_CAP, key: bytes = b"") -> None:
+                 max_bytes: int | None = None, max_distance: int = 6,
+                 index_cap: int = INDEX_CAP, key: bytes = b"", near: bool = True) -> None:
         if storage is None:
             if max_bytes is None:
                 raise TypeError("NearDuplicateCache needs a storage or max_bytes")
             storage = MemoryStorage(max_bytes)
-        self.storage = storage
-        self.ttl = ttl
+        self.storage, self.ttl, self.index_cap = storage, ttl, index_cap
+        self.max_distance, self.near = max_distance, near
         self.enabled = ttl > 0 and index_cap > 0 and storage.max_bytes != 0
-        self.hash_size = hash_size
-        self.max_distance = max_distance
-        self.index_cap = index_cap
-        # BLAKE2b keys are at most 64 bytes; a digest of any secret fits
-        self._key = hashlib.sha256(key).digest() if key else b""
+        self._key = hashlib.sha256(key).digest() if key else b""  # BLAKE2b keys: <= 64 bytes
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        self.hits = self.misses = 0
 
-    def fingerprint(self, samples: Samples, *, size: tuple[int, int],
-                    source: tuple[int, int] | None = None, jpeg_tables: int = 0) -> Fingerprint:
-        """The fingerprint of an upload from its statistics, fitted to ``size`` (a
-        SampledUpload's ``samples``, ``source_size`` and ``jpeg_tables``; without the
-        last, never the same-JPEG share): :meth:`Fingerprint.of`."""
-        return Fingerprint.of(samples, self.hash_size, size=size, source=source,
-                              jpeg_tables=jpeg_tables)
+    def fingerprint(self, fitted: Image.Image) -> Fingerprint:
+        """The fingerprint of the fitted input (what the network sees)."""
+        return Fingerprint.of(fitted)
 
     def upload_digest(self, data: bytes) -> bytes:
-        """The upload's keyed digest (16 bytes), as members keep it: without the key (the
-        app's secret) it cannot be checked against a known photo."""
+        """The upload's keyed digest: without the key it cannot be matched to a known photo."""
         return hashlib.blake2b(data, key=self._key, digest_size=16).digest()
 
     def lookup(self, namespace: tuple[object, ...]) -> Lookup:
-        """The namespace's live index, read once (one storage round trip), to ask about
-        an upload's digest and then, if need be, its fingerprint."""
+        """The namespace's live index, read once (one storage round trip)."""
         digest = self._digest(namespace)
-        members: list[IndexMember] = []
-        if self.enabled:
-            oldest = time.time() - self.ttl  # the index outlives its older entries
-            for blob in self.storage.index(f"index:{digest}", self.index_cap):
-                member = decode_member(blob, self.hash_size)
-                if member is not None and member.created >= oldest:
-                    members.append(member)  # newest first
-        return Lookup(self, digest, members)
+        blobs = (self.storage.index(f"{VERSION}:index:{digest}", self.index_cap)
+                 if self.enabled else [])
+        oldest = time.time() - self.ttl  # the index outlives its older entries
+        members = [m for m in map(decode_member, blobs) if m is not None and m.created >= oldest]
+        return Lookup(self, digest, members)  # newest first
 
-    def get(self, namespace: tuple[object, ...], fingerprint: Fingerprint) -> CachedResult | None:
-        """The result of the same photo in ``namespace``, or ``None`` (a miss).
-
-        One storage round trip for a miss (the namespace's index), two for a hit (and
-        the chosen entry).
-        """
-        return self.lookup(namespace).same_photo(fingerprint)
-
-    def _count(self, found: CachedResult | None) -> CachedResult | None:
-        with self._lock:
-            if found is None:
-                self.misses += 1
-            else:
-                self.hits += 1
-        return found
-
-    def put(self, namespace: tuple[object, ...], fingerprint: Fingerprint, data: bytes,
-            size: tuple[int, int], faces: int = -1, upload: bytes = bytes(16)) -> None:
+    def put(self, namespace: tuple[object, ...], fingerprint: Fingerprint | None, data: bytes,
+            size: tuple[int, int], faces: int = -1, upload: bytes = _NO_UPLOAD) -> None:
         """Keep ``data`` (``size`` pixels, ``faces`` converted in portrait mode) for the
-        same photo as ``fingerprint``, sent as the upload of digest ``upload``
-        (:meth:`upload_digest`): one round trip."""
+        upload of digest ``upload`` and, unless None, the photo of ``fingerprint``."""
         if not self.enabled:
             return
         digest = self._digest(namespace)
-        member = IndexMember(time.time(), secrets.token_bytes(16), fingerprint, upload)
-        self.storage.set_indexed(f"entry:{digest}:{member.entry_id.hex()}",
-                                 encode_entry(data, size, faces), index=f"index:{digest}",
-                                 member=encode_member(member, self.hash_size),
-                                 ttl=self.ttl, cap=self.index_cap)
+        member = Member(time.time(), secrets.token_bytes(16), fingerprint or _NONE, upload)
+        self.storage.set_indexed(f"{VERSION}:entry:{digest}:{member.entry_id.hex()}",
+                                 encode_entry(data, size, faces), index=f"{VERSION}:index:{digest}",
+                                 member=encode_member(member), ttl=self.ttl, cap=self.index_cap)
 
     def stats(self) -> dict[str, Any]:
         """Hits and misses of this process, and the storage's status (no round trip)."""
+        return {"enabled": self.enabled, "hits": self.hits, "misses": self.misses,
+                **self.storage.status()}
+
+    def _count(self, found: CachedResult | None) -> CachedResult | None:
         with self._lock:
-            counts = {"enabled": self.enabled, "hits": self.hits, "misses": self.misses}
-        return {**counts, **self.storage.status()}
+            self.hits, self.misses = self.hits + bool(found), self.misses + (not found)
+        return found
 
     def _digest(self, namespace: tuple[object, ...]) -> str:
-        """The namespace as it appears in keys: a keyed digest, not the client's address."""
+        """The namespace as keys show it: a keyed digest, not the client's address."""
         text = json.dumps(list(namespace), separators=(",", ":"), default=str)
         return hashlib.blake2b(text.encode(), key=self._key, digest_size=16).hexdigest()
 
 
-
 class Lookup:
-    """One namespace's live index members, read once, asked about one upload: first
-    :meth:`same_upload` (before decoding), then, if that missed, :meth:`same_photo`. A
-    lookup counts once in the cache's hits or misses: at its hit, or at ``same_photo``."""
+    """One namespace's live members, read once: ask :meth:`same_upload` before decoding,
+    then :meth:`same_photo`. Counts once: at a hit, or at ``same_photo``'s miss."""
 
-    def __init__(self, cache: NearDuplicateCache, digest: str,
-                 members: list[IndexMember]) -> None:
-        self.cache = cache
-        self.digest = digest
-        self.members = members  # live, newest first
+    def __init__(self, cache: NearDuplicateCache, digest: str, members: list[Member]) -> None:
+        self.cache, self.digest, self.members = cache, digest, members  # live, newest first
 
     def same_upload(self, upload: bytes) -> CachedResult | None:
-        """The newest result of an upload with the digest ``upload``, or ``None`` (not
-        counted as a miss: :meth:`same_photo` decides that)."""
-        if upload == bytes(16):  # a member stored without an upload's digest
-            return None
+        """The newest result of the upload of digest ``upload``, or ``None`` (not a miss yet)."""
         for member in self.members:
-            if secrets.compare_digest(member.upload, upload):
+            if member.upload != _NO_UPLOAD and secrets.compare_digest(member.upload, upload):
                 found = self._read(member.entry_id)
                 if found is not None:
                     return self.cache._count(found)
         return None
 
-    def same_photo(self, fingerprint: Fingerprint) -> CachedResult | None:
-        """The result of the closest live member that is the same photo (then the
-        newest), or ``None``: a miss."""
+    def same_photo(self, fingerprint: Fingerprint | None) -> CachedResult | None:
+        """The result of the closest member that is the same photo (then the newest), or
+        ``None``: a miss. Always ``None`` without ``near`` or ``fingerprint``."""
         if not self.cache.enabled:
             return None
-        best: tuple[int, bytes] | None = None
-        for member in self.members:  # newest first, so equal distances keep the newest
-            if not fingerprint.same_photo(member.fingerprint, self.cache.max_distance):
-                continue
-            distance = fingerprint.distance(member.fingerprint)
-            if best is None or distance < best[0]:
-                best = (distance, member.entry_id)
+        if fingerprint is None or not self.cache.near:
+            return self.cache._count(None)
+        best = min(((fingerprint.distance(m.fingerprint), age, m.entry_id)  # newest first
+                    for age, m in enumerate(self.members)
+                    if fingerprint.same_photo(m.fingerprint, self.cache.max_distance)),
+                   default=None)
         # None if the entry expired or was evicted since: a miss
-        return self.cache._count(self._read(best[1]) if best is not None else None)
+        return self.cache._count(self._read(best[2]) if best is not None else None)
 
     def _read(self, entry_id: bytes) -> CachedResult | None:
-        return decode_entry(self.cache.storage.get(f"entry:{self.digest}:{entry_id.hex()}"))
+        return decode_entry(self.cache.storage.get(
+            f"{VERSION}:entry:{self.digest}:{entry_id.hex()}"))

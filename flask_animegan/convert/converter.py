@@ -13,7 +13,7 @@ from PIL import Image
 
 from ..config import PortraitLimits
 from ..errors import ConversionError, Overloaded
-from ..inputs.decoding import DecodedUpload, fit, fitted_size, to_rgb
+from ..inputs.decoding import fit, to_rgb
 from ..outputs.stills import MIME_TYPES, encode
 from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
@@ -24,8 +24,7 @@ from .request import ConvertRequest, Options
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..cache import CachedResult, NearDuplicateCache
-    from ..cache.fingerprint import Fingerprint
-    from ..cache.near_duplicate import Lookup
+    from ..cache.near_duplicate import Fingerprint, Lookup
     from ..runtime.engine import InferenceEngine
 
 #: Seconds between two tries of a frame while web conversions fill the model's queue.
@@ -150,25 +149,18 @@ class Converter:
             lap("lookup")
             if again is not None:
                 return self._sent_again(data, again, request, square, lap.timings)
+        decoded = self.decoder.decode(data, size=size, square=square)
+        lap("decode")
         fingerprint: Fingerprint | None = None
-        decoded: DecodedUpload | None = None
         if lookup is not None:
-            # the cache's statistics first: a hit needs no fitted image
-            sampled = self.decoder.sample(data, size=size, square=square)
-            looked_up = fitted_size(sampled.source_size, size, square)
-            lap("sample")
-            fingerprint = lookup.cache.fingerprint(sampled.samples, size=looked_up,
-                                                   source=sampled.source_size,
-                                                   jpeg_tables=sampled.jpeg_tables)
-            cached = self._from_cache(lookup, fmt, fingerprint, looked_up)
+            # the same photo, compared on what the network sees: a hit needs no resize
+            if lookup.cache.near:
+                fingerprint = lookup.cache.fingerprint(decoded.image)
+            cached = lookup.same_photo(fingerprint)
             lap("cache")
             if cached is not None:
-                return self._near_hit(data, cached, request, square, looked_up,
-                                      sampled.fitted, lap.timings)
-            decoded = sampled.fitted
-        if decoded is None:
-            decoded = self.decoder.decode(data, size=size, square=square)
-            lap("decode")
+                return self._near_hit(data, cached, request, square, decoded.image,
+                                      lap.timings)
         fitted = decoded.image
         faces: int | None = None
         if portrait == "off":
@@ -183,7 +175,7 @@ class Converter:
         lap("infer")
         encoded = encode(result, fmt, self.quality)
         lap("encode")
-        if lookup is not None and fingerprint is not None:
+        if lookup is not None:
             lookup.cache.put(namespace, fingerprint, encoded, decoded.image.size,
                              -1 if faces is None else faces, upload=upload)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
@@ -209,41 +201,26 @@ class Converter:
                           cache_hit=True, face_crop=square, input_loader=input_image,
                           timings=timings, faces=faces, colors=request.options.colors)
 
-    def _near_hit(self, data: bytes, cached: tuple[bytes, int | None],
-                  request: ConvertRequest, square: bool, fitted: tuple[int, int],
-                  decoded: DecodedUpload | None, timings: dict[str, float]) -> Conversion:
-        """The cached conversion of the same photo; its input fitted only if asked."""
+    def _near_hit(self, data: bytes, cached: CachedResult, request: ConvertRequest,
+                  square: bool, fitted: Image.Image, timings: dict[str, float]) -> Conversion:
+        """The same photo as one converted before (the same fitted size), from its cached
+        result; ``fitted`` is this upload's input, decoded."""
         style, size, fmt = request.style, request.size, request.format
-        data_out, faces = cached
+        faces = None if cached.faces < 0 else cached.faces
+        out_size, shown = fitted.size, fitted  # type: tuple[int, int], Image.Image | None
         if style.face and faces == 0 and not square:
             # a face style whose portrait mode found no face converted the centre square
-            square, decoded = True, None
-            with Image.open(io.BytesIO(data_out)) as stored:
-                fitted = stored.size
+            square, shown = True, None
+            with Image.open(io.BytesIO(cached.data)) as stored:
+                out_size = stored.size
 
         def input_image() -> Image.Image:
             return self.decoder.decode(data, size=size, square=square).image
 
-        return Conversion(data_out, MIME_TYPES[fmt], fmt, style.name, fitted,
-                          cache_hit=True, face_crop=square,
-                          input_image=decoded.image if decoded is not None else None,
+        return Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
+                          cache_hit=True, face_crop=square, input_image=shown,
                           input_loader=input_image, timings=timings, faces=faces,
                           colors=request.options.colors)
-
-    def _from_cache(self, lookup: Lookup, fmt: str, fingerprint: Fingerprint,
-                    size: tuple[int, int]) -> tuple[bytes, int | None] | None:
-        """The cached result and its faces, resized to ``size`` if need be; None on a miss."""
-        cached = lookup.same_photo(fingerprint)
-        if cached is None:
-            return None
-        faces = None if cached.faces < 0 else cached.faces
-        if cached.size == size:
-            return cached.data, faces
-        with Image.open(io.BytesIO(cached.data)) as stored:
-            if stored.size != cached.size:  # not the picture's shape: the faces, a square
-                return cached.data, faces
-            result = stored.convert("RGB").resize(size, Image.Resampling.LANCZOS)
-        return encode(result, fmt, self.quality), faces
 
     def image(self, image: Image.Image, request: ConvertRequest) -> Image.Image:
         """Convert a PIL image (any mode) already in memory; no decode, no cache."""
