@@ -16,8 +16,6 @@ from flask_animegan.runtime.catalog import OFFICIAL_STYLES
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text(encoding="utf-8")
 DOCS = {path.name: path.read_text(encoding="utf-8") for path in sorted((REPO / "docs").glob("*.md"))}
-#: Everything a reader is told: the README and every page under docs/.
-ALL_TEXT = "\n".join([README, *DOCS.values()])
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 NAME = re.compile(r"\bANIMEGAN_[A-Z0-9_]*[A-Z0-9]\b")
 ROUTE_HEADING = re.compile(r"^### `(GET|POST|DELETE) (/[^`\s]*)`$", re.MULTILINE)
@@ -42,14 +40,47 @@ def test_config_table_matches_generator() -> None:
         "`.venv/bin/python tools/gen_config_table.py --write`")
 
 
-def test_every_setting_name_in_readme_exists(make_app: Callable[..., Flask]) -> None:
+def outside_old_names_table(text: str) -> str:
+    """``text`` without docs/configuration.md's generated tables, the one place where an
+    old setting name belongs."""
+    if START not in text:
+        return text
+    head, rest = text.split(START, 1)
+    return head + rest.split(END, 1)[1]
+
+
+def stale_names(text: str, known: set[str]) -> list[str]:
+    """``ANIMEGAN_*`` names in ``text`` that are no setting, old names included (outside
+    the generated tables)."""
+    return sorted(set(NAME.findall(outside_old_names_table(text))) - known)
+
+
+def known_names(app: Flask) -> set[str]:
+    """Every setting name of today: the registry's, gunicorn_conf.py's and app.config's."""
     gunicorn_names = set(NAME.findall(
         (REPO / "flask_animegan" / "gunicorn_conf.py").read_text(encoding="utf-8")))
     # app.config holds the settings and nothing else of ours (no runtime state)
-    app_names = {key for key in make_app().config if key.startswith("ANIMEGAN_")}
-    known = {s.name for s in REGISTRY} | set(ALIASES) | gunicorn_names | app_names
-    unknown = sorted(set(NAME.findall(ALL_TEXT)) - known)
-    assert not unknown, f"README.md or docs/ mention settings that do not exist: {unknown}"
+    app_names = {key for key in app.config if key.startswith("ANIMEGAN_")}
+    return ({s.name for s in REGISTRY} | gunicorn_names | app_names) - set(ALIASES)
+
+
+def test_every_setting_name_in_readme_exists(make_app: Callable[..., Flask]) -> None:
+    known = known_names(make_app())
+    stale = {name: found for name, text in [("README.md", README), *DOCS.items()]
+             if (found := stale_names(text, known))}
+    assert not stale, (
+        f"README.md or docs/ mention settings that do not exist (an old name belongs only "
+        f"in docs/configuration.md's generated table): {stale}")
+
+
+def test_an_old_name_outside_the_table_is_reported(make_app: Callable[..., Flask]) -> None:
+    known = known_names(make_app())
+    page = DOCS["configuration.md"]
+    assert "`ANIMEGAN_BIND`" in page.split(START, 1)[1]
+    assert stale_names(page, known) == []
+    assert stale_names(page + "\nSet `ANIMEGAN_BIND` to listen elsewhere.\n", known) == [
+        "ANIMEGAN_BIND"]
+    assert stale_names(page.replace(START, ""), known) == sorted(ALIASES)
 
 
 def _normalise(rule: str) -> str:
