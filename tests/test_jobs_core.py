@@ -474,7 +474,7 @@ def test_a_job_whose_decode_helper_is_starved_runs_again(make_app, monkeypatch):
 
     from flask_animegan.inputs import frames_helper
 
-    monkeypatch.setattr("flask_animegan.jobs.work.DECODE_TIMEOUT", 1.0)
+    monkeypatch.setattr("flask_animegan.inputs.isolation.DECODE_TIMEOUT", 1.0)
     service = make_app(ANIMEGAN_DECODE_ISOLATION="process").extensions["animegan"]
     data = gif_from_photos(6, size=(96, 64), durations=50)
     record = service.jobs.store.create(data, client=CLIENT, style="test_style", size=96,
