@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Flask
 
-from .cache import NearDuplicateCache, ResultStore
-from .cache.storage import open_storage
+from .cache import NearDuplicateCache
+from .storage.pages import ResultStore
+from .storage import open_storage
 from .config import DEFAULTS, AnimeGANOptions, Settings, apply_aliases, portrait_limits, unknown_keys
 from .convert.converter import Converter
 from .inputs.isolation import Decoder

@@ -15,7 +15,8 @@ from flask import current_app
 from flask_limiter import Limiter
 from PIL import Image
 
-from .cache import NearDuplicateCache, ResultStore
+from .cache import NearDuplicateCache
+from .storage.pages import ResultStore
 from .config import OUTPUT_FORMATS, Settings
 from .errors import ConversionError, Overloaded
 from .inputs.decoding import fit

@@ -11,7 +11,8 @@ from conftest import convert, encode_image, open_image, photo, photo_bytes
 from PIL import Image
 
 from bench import cache_rule as bench
-from flask_animegan.cache import NearDuplicateCache, ResultStore, StoredResult
+from flask_animegan.cache import NearDuplicateCache
+from flask_animegan.storage.pages import ResultStore, StoredResult
 from flask_animegan.cache.near_duplicate import (
     GRID_LEVELS,
     VERSION,
@@ -20,7 +21,7 @@ from flask_animegan.cache.near_duplicate import (
     encode_entry,
     encode_member,
 )
-from flask_animegan.cache.storage import MemoryStorage, open_storage
+from flask_animegan.storage import MemoryStorage, open_storage
 
 SIZES = (256, 512)
 #: Photos every re-encode of which hits at SIZES (docs/http-api.md has the rate over all;

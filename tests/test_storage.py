@@ -16,12 +16,7 @@ import redis
 from conftest import encode_image, photo, pixelated
 from PIL import Image
 
-from flask_animegan.cache import (
-    CachedResult,
-    NearDuplicateCache,
-    ResultStore,
-    StoredResult,
-)
+from flask_animegan.cache import CachedResult, NearDuplicateCache
 from flask_animegan.cache.near_duplicate import (
     VERSION,
     Fingerprint,
@@ -31,9 +26,10 @@ from flask_animegan.cache.near_duplicate import (
     encode_entry,
     encode_member,
 )
-from flask_animegan.cache.storage import MemoryStorage, open_storage
-from flask_animegan.cache.storage.memory import ITEM_OVERHEAD
-from flask_animegan.cache.storage.redis import RedisStorage
+from flask_animegan.storage import MemoryStorage, open_storage
+from flask_animegan.storage.memory import ITEM_OVERHEAD
+from flask_animegan.storage.pages import ResultStore, StoredResult
+from flask_animegan.storage.redis import RedisStorage
 from flask_animegan.errors import ImageTooLarge
 from flask_animegan.inputs.decoding import DecodeLimits, decode_upload
 
@@ -538,7 +534,7 @@ def test_open_storage_chooses_by_scheme():
 
 def test_a_redis_uri_without_redis_py_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "redis", None)  # as if it were not installed
-    monkeypatch.delitem(sys.modules, "flask_animegan.cache.storage.redis")
+    monkeypatch.delitem(sys.modules, "flask_animegan.storage.redis")
     with pytest.raises(ImportError, match=r"pip install 'flask-animegan\[redis\]'"):
         open_storage("redis://localhost:6379/0", max_bytes=0, prefix="x:")
     assert isinstance(open_storage("memory://", max_bytes=10, prefix="x:"), MemoryStorage)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
-from .storage import MemoryStorage, Storage
+from ..storage import MemoryStorage, Storage
 
 HASH_SIZE = GRID_SIDE = 16  # a 256-bit pHash; a 16 x 16 grid
 #: T: the most a cell's statistic may differ, in levels (chosen by bench/cache_rule.py).

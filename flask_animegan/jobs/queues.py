@@ -157,7 +157,7 @@ class RQQueue(JobQueue):
 
     def __init__(self, uri: str, *, max_queue: int, job_timeout: int, ttl: int,
                  name: str = QUEUE_NAME) -> None:
-        import redis
+        from ..storage import redis as redis_storage
         from rq import Queue
 
         self.uri = uri
@@ -165,9 +165,8 @@ class RQQueue(JobQueue):
         self.max_queue = max_queue
         self.job_timeout = job_timeout
         self.ttl = ttl
-        # short waits: an outage answers 503 rather than holding a web thread
-        self.connection = redis.Redis.from_url(uri, socket_timeout=1,
-                                               socket_connect_timeout=1)
+        # the storage's client: short waits, so an outage answers 503 at once
+        self.connection = redis_storage.client(uri)
         self.queue = Queue(name, connection=self.connection)
 
     @staticmethod
@@ -230,7 +229,8 @@ class RQQueue(JobQueue):
         import redis
         from rq import SimpleWorker
 
-        # no socket timeout here: the worker blocks on Redis while the queue is empty
+        # a client of its own: RQ raises its socket timeout above its blocking wait for
+        # jobs, which the shared client's short timeouts must not get
         connection = redis.Redis.from_url(self.uri)
         self.start_sweeping()
         worker = SimpleWorker([self.name], connection=connection, name=name)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from ..cache.storage import Storage
+from ..storage import Storage
 
 #: What a job id looks like (``secrets.token_urlsafe(24)``); anything else is no job.
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{32}")

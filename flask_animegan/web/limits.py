@@ -24,7 +24,7 @@ from limits.storage import (
 from limits.storage import Storage as CountStorage
 from werkzeug.exceptions import HTTPException
 
-from ..cache.storage.base import StoreHealth
+from ..storage.base import StoreHealth
 from ..config import Settings, storage_uris, uri_scheme
 from ..service import get_service
 from . import csrf

@@ -32,7 +32,7 @@ from werkzeug.routing import RequestRedirect
 from werkzeug.wrappers import Response as BaseResponse
 from werkzeug.wsgi import get_input_stream
 
-from ..cache import StoredResult
+from ..storage.pages import StoredResult
 from ..config import DEFAULTS, OUTPUT_FORMATS
 from ..errors import (
     BadImage,

@@ -16,12 +16,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ...config import uri_scheme
+from ..config import uri_scheme
 from .base import Storage, StoreHealth
 
 log = logging.getLogger("flask_animegan")
 
 T = TypeVar("T")
+#: Seconds a call may wait for Redis, and between two probes while it is down.
+TIMEOUT, RETRY_AFTER = 0.5, 2.0
 
 
 class _Server:
@@ -81,6 +83,12 @@ def _server(uri: str, timeout: float, retry_after: float) -> _Server:
         return _servers[key]
 
 
+def client(uri: str) -> redis.Redis:
+    """The process's one client for the Redis server at ``uri``, with the storage's short
+    timeouts: the cache, the pages, the jobs' records and the job queue share it."""
+    return _server(uri, TIMEOUT, RETRY_AFTER).client
+
+
 def _address(uri: str, client: redis.Redis) -> str:
     """Where the server is, for logs and health checks: the URI without credentials."""
     options = client.connection_pool.connection_kwargs
@@ -101,8 +109,8 @@ class RedisStorage(Storage):
     backend = "redis"
     max_bytes = None  # Redis maxmemory
 
-    def __init__(self, uri: str, *, prefix: str, timeout: float = 0.5,
-                 retry_after: float = 2.0) -> None:
+    def __init__(self, uri: str, *, prefix: str, timeout: float = TIMEOUT,
+                 retry_after: float = RETRY_AFTER) -> None:
         self.prefix = prefix
         self._server = _server(uri, timeout, retry_after)
 

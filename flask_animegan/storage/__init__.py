@@ -4,7 +4,7 @@ in this process, or Redis shared by every instance (redis-py imported only then)
 
 from __future__ import annotations
 
-from ...config import REDIS_SCHEMES, STORAGE_SCHEMES, uri_scheme
+from ..config import REDIS_SCHEMES, STORAGE_SCHEMES, uri_scheme
 from .base import Storage
 from .memory import MemoryStorage
 

@@ -13,8 +13,8 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import ImageTooLarge
-from .storage import MemoryStorage, Storage
-from .storage.memory import ITEM_OVERHEAD
+from . import MemoryStorage, Storage
+from .memory import ITEM_OVERHEAD
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,64}")
 _PAGE = struct.Struct("<4sIIHHHII")  # magic, width, height, then the five fields' lengths
