@@ -170,8 +170,7 @@ class AnimeGAN:
         decoder = Decoder.from_settings(settings)
         cache, results = self._stores(settings, app.config.get("SECRET_KEY"))
         secret = app.config.get("SECRET_KEY")
-        jobs = Jobs(settings, self._job_store(settings, secret), job_queue, engine,
-                    decoder.limits)
+        jobs = Jobs(settings, self._job_store(settings, secret), job_queue, engine, decoder)
         service = AnimeGANService(settings, engine, decoder, cache, results,
                                   partial(ratelimit.counting_limiter, app.extensions, own),
                                   own, metrics, jobs)

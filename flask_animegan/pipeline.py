@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from PIL import Image
 
 from .inputs.colors import COLOR_MODES, keep_colors
-from .inputs.decoding import DecodedUpload, fit, fitted_size, to_rgb
+from .cache.samples import of_picture
+from .inputs.decoding import DecodedUpload, fit, to_rgb
 from .inputs.formats import MIME_TYPES, encode
 from .inputs.isolation import Decoder
 from .runtime.catalog import StyleInfo
@@ -145,19 +146,17 @@ class Pipeline:
         fingerprint: Fingerprint | None = None
         decoded: DecodedUpload | None = None
         if lookup is not None:
-            # the cache compares statistics of the decoded upload: a hit needs no fit
-            sampled = self.decoder.sample(data, size=size, square=square)
-            looked_up = fitted_size(sampled.source_size, size, square)
-            lap("sample")
-            fingerprint = lookup.cache.fingerprint(sampled.samples, size=looked_up,
-                                                   source=sampled.source_size,
-                                                   jpeg_tables=sampled.jpeg_tables)
+            # the cache compares statistics of the fitted picture
+            decoded = self.decoder.decode(data, size=size, square=square)
+            lap("decode")
+            looked_up = decoded.image.size
+            fingerprint = lookup.cache.fingerprint(of_picture(decoded.image), size=looked_up,
+                                                   source=decoded.source_size)
             cached = self._from_cache(lookup, fmt, fingerprint, looked_up)
             lap("cache")
             if cached is not None:
                 return self._near_hit(data, cached, style, size, fmt, square, options,
-                                      looked_up, sampled.fitted, lap.timings)
-            decoded = sampled.fitted
+                                      looked_up, decoded, lap.timings)
         if decoded is None:
             decoded = self.decoder.decode(data, size=size, square=square)
             lap("decode")

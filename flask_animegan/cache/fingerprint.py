@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inputs.samples import CELLS_SHAPE, COARSE_SIDE, FINE_SIDE, LUMA_SHAPE, Samples
+from .samples import CELLS_SHAPE, COARSE_SIDE, FINE_SIDE, LUMA_SHAPE, Samples
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..inputs.samples import Samples
+from .samples import Samples
 from .fingerprint import GRID_BYTES, Fingerprint
 from .storage import MemoryStorage, Storage
 

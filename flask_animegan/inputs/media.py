@@ -1,27 +1,10 @@
-"""What an upload is (a still, an animation or a video) and its frames, within limits.
+"""What an upload is (a still, an animation or a video), its frames and its audio, within limits.
 
-:func:`probe` reads only headers and container metadata: the frame count, the duration,
-the frame rate and the size are checked against :class:`MediaLimits` (and the frame's
-pixels and decode memory against :class:`~.decoding.DecodeLimits`) before a frame is
-decoded. :func:`frames` then decodes lazily, one frame in memory at a time, and counts
-again while it decodes: a file whose header lied stops at the limit with ImageTooLarge.
-
-* Animations (GIF, animated WebP, APNG) go through Pillow, composited as Pillow does
-  (disposal, blending), alpha over white as :func:`~.decoding.to_rgb` does. Their frame
-  count, durations and loop come from walking the file's blocks or chunks (no pixels).
-* Videos (MP4, MOV, WebM, Matroska) go through PyAV (FFmpeg), one video stream, the
-  codecs in :data:`VIDEO_CODECS` only. A display matrix (a phone's rotated video) is
-  obeyed: the probe gives the size shown and the frames come out upright.
-
-A video's audio is made ready for the MP4 writer by :func:`audio` (in the helper process
-too): its packets copied into a small M4A of their own, or transcoded to AAC when an MP4
-cannot hold them, cut after the video and capped in bytes, so the writer never reads the
-upload.
-
-Durations: a frame of 10 ms or less (0 included, and APNG's negative or undefined ones)
-is shown for 100 ms, as browsers show GIFs, so a "1,000 fps" animation plays at 10 fps.
-Everything here needs Pillow, NumPy and PyAV only: it also runs in the helper process of
-:mod:`flask_animegan.inputs.frames_helper`.
+:func:`probe` reads headers only and holds them against :class:`MediaLimits` before a frame
+is decoded; :func:`frames` decodes one frame at a time and counts again, so a file whose
+header lied stops at the limit. Animations go through Pillow, videos through PyAV, upright.
+A frame shown for :data:`MIN_DURATION_MS` or less is shown for :data:`DEFAULT_DURATION_MS`,
+as browsers show GIFs. Pillow, NumPy and PyAV only: it also runs in the helper process.
 """
 
 from __future__ import annotations
@@ -73,10 +56,11 @@ class MediaLimits:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MediaLimits:
-        """The limits of ANIMEGAN_MAX_FRAMES, _MAX_SECONDS, _MAX_FPS and _MAX_FRAME_PIXELS
-        (the total: the default, 600 frames of a megapixel)."""
+        """The limits of ANIMEGAN_MAX_FRAMES, _MAX_SECONDS, _MAX_FPS and _MAX_FRAME_PIXELS;
+        the total is as many frames of the most pixels."""
         return cls(max_frames=settings.max_frames, max_seconds=settings.max_seconds,
-                   max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels)
+                   max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels,
+                   max_total_pixels=settings.max_frames * settings.max_frame_pixels)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from PIL import GifImagePlugin, Image
 
 from ..errors import ConversionError
 from ..inputs import formats
-from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack, MediaLimits
+from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack
 
 if TYPE_CHECKING:
     from av.audio.stream import AudioStream
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from av.packet import Packet
     from av.video.stream import VideoStream
 
+    from ..inputs.isolation import Decoder
     from ..inputs.media import MediaInfo
 
 __all__ = [
@@ -100,23 +101,22 @@ class FrameWriter(Protocol):
 
 
 def writer_for(info: MediaInfo, source: bytes, *, quality: int,
-               limits: MediaLimits | None = None,
+               decoder: Decoder | None = None,
                audio_timeout: float = AUDIO_TIMEOUT_S) -> tuple[FrameWriter, str]:
     """The writer for an upload probed as ``info`` and the result's MIME type.
 
-    ``source`` is the upload itself: for a video with audio, the frames helper process makes
-    the audio track of it (:func:`.frames_helper.isolated_audio`, within ``limits`` and
-    ``audio_timeout`` s); a track the helper cannot make (corrupt, too large, too slow) is
+    ``source`` is the upload itself: for a video with audio, ``decoder`` (by default, one
+    with the default limits) makes the audio track of it (within ``audio_timeout`` s); a track the helper cannot make (corrupt, too large, too slow) is
     left out, the video converted without it, and logged (:attr:`Mp4Writer.audio` "dropped").
     ``quality`` (1-100, as for stills) sets the WebP quality and the MP4's constant rate factor.
     """
     if info.kind == "video":
         track, error = None, None
         if info.has_audio:
-            from ..inputs.frames_helper import isolated_audio
+            from ..inputs.isolation import Decoder
 
             try:
-                track = isolated_audio(source, info, limits or MediaLimits(), audio_timeout)
+                track = (decoder or Decoder()).audio(source, info, timeout=audio_timeout)
                 if track is None:
                     error = "its audio stream holds no packet that could be read"
             except ConversionError as exc:
@@ -373,7 +373,7 @@ class Mp4Writer:
     """MP4 with H.264 (libx264, yuv420p, even sides), each frame at the source's presentation
     time (``pts``, seconds) or, without one, after the previous frame's duration; and the
     source's audio from ``audio``, the track the helper process made of it
-    (:func:`.frames_helper.isolated_audio`: the source's packets, or AAC transcoded there),
+    (:meth:`.isolation.Decoder.audio`: the source's packets, or AAC transcoded there),
     copied packet for packet and interleaved with the video as it is written, cut
     :data:`AUDIO_OVERRUN_S` after the last frame. The writer never reads the upload.
 

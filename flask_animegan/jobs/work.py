@@ -32,10 +32,9 @@ from PIL import Image
 
 from ..config import Settings
 from ..errors import ConversionError, Overloaded
-from ..inputs import media
 from ..inputs.colors import keep_colors
-from ..inputs.decoding import DecodeLimits
-from ..inputs.media import Frame, MediaInfo, MediaLimits
+from ..inputs.isolation import Decoder
+from ..inputs.media import Frame, MediaInfo
 from ..runtime.engine import InferenceEngine
 from . import repeats
 from .queues import JobQueue
@@ -87,19 +86,16 @@ class Jobs:
     cancelling, and running one (:meth:`run`, in a worker)."""
 
     def __init__(self, settings: Settings, store: JobStore, queue: JobQueue,
-                 engine: InferenceEngine, decode: DecodeLimits) -> None:
+                 engine: InferenceEngine, decoder: Decoder) -> None:
         self.settings = settings
         self.store = store
         self.queue = queue
         self.engine = engine
-        self.decode = decode
+        self.decoder = decoder
         #: Reuse the last converted frame's result for a frame that repeats it (the rule of
         #: jobs/repeats.py); bench/jobs.py turns it off to measure the saving.
         self.reuse_repeats = True
-        self.limits = MediaLimits(
-            max_frames=settings.max_frames, max_seconds=settings.max_seconds,
-            max_fps=settings.max_fps, max_pixels=settings.max_frame_pixels,
-            max_total_pixels=settings.max_frames * settings.max_frame_pixels)
+        self.limits = decoder.media
         queue.sweep_with(self.sweep, self.sweep_every)
 
     @property
@@ -112,11 +108,7 @@ class Jobs:
     def probe(self, data: bytes) -> MediaInfo:
         """What the upload is, from its headers, checked against the limits (in the decode
         helper process unless ANIMEGAN_DECODE_ISOLATION=thread); raises ConversionError."""
-        if self.settings.decode_isolation == "thread":
-            return media.probe(data, self.limits, self.decode)
-        from ..inputs.frames_helper import isolated_probe
-
-        return isolated_probe(data, self.limits, self.decode, self.settings.decode_timeout)
+        return self.decoder.probe(data)
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
                client: str, colors: str = "off") -> JobRecord:
@@ -262,7 +254,8 @@ class Jobs:
         record.frames_total = info.frames
         self._report(record, None)  # the frame count and a heartbeat before the first frame
         encoders = _encoders()
-        writer, mimetype = encoders.writer_for(info, data, quality=self.settings.jpeg_quality)
+        writer, mimetype = encoders.writer_for(info, data, quality=self.settings.jpeg_quality,
+                                               decoder=self.decoder)
         anchor: repeats.Picture | None = None  # the last frame converted
         converted: Image.Image | None = None
         first: Image.Image | None = None
@@ -304,13 +297,8 @@ class Jobs:
         self._finish(record, JobState.DONE, None)
 
     def _frames(self, data: bytes, info: MediaInfo, size: int, square: bool) -> Iterator[Frame]:
-        if self.settings.decode_isolation == "thread":
-            return media.frames(data, info, self.limits, self.decode, size=size, square=square)
-        from ..inputs.frames_helper import isolated_frames
-
-        return isolated_frames(data, info, self.limits, self.decode, size=size, square=square,
-                               timeout_per_frame=self.settings.decode_timeout,
-                               timeout_total=float(self.settings.job_timeout))
+        return self.decoder.frames(data, info, size=size, square=square,
+                                   total_timeout=float(self.settings.job_timeout))
 
     def _infer(self, record: JobRecord, frame: Frame, style: str) -> Image.Image:
         """One frame through the network; waits (reporting) while the model is busy."""

@@ -1,27 +1,6 @@
-"""What the cache compares of an upload, computed where the upload is decoded.
+"""The statistics the cache compares, taken from the fitted picture in memory.
 
-The picture (upright; its centre square for a face style) is reduced by a power of two
-(:func:`sample_reduction`; a JPEG by its DCT scaling, as it is decoded), then resampled
-with a triangle (bilinear) filter to ``SAMPLE_SIDE`` x ``SAMPLE_SIDE`` samples
-(:func:`resampled`), whatever its size and shape, so that uploads of slightly different
-sizes (a resized copy) are cut at the same places and smoothed alike. (The triangle
-filter, against Lanczos, on ``bench/cache_rule.py``'s trials with every tolerance 1.25
-times: held-out re-encodes hit 97.9 % against 96.7 %, with no visible edit either way,
-in half the time; docs/http-api.md.) Of those samples, in YCbCr, :func:`describe` keeps
-(:class:`Samples`, 75 KiB):
-
-* ``luma``: on a ``FINE_SIDE`` x ``FINE_SIDE`` grid, each cell's mean luma (Y) and its
-  standard deviation, over its ``CELL_SAMPLES`` x ``CELL_SAMPLES`` samples;
-* ``cells``: on a ``COARSE_SIDE`` x ``COARSE_SIDE`` grid of the samples averaged 2 x 2,
-  each cell's mean Cb and Cr and its detail, the mean absolute difference between
-  neighbouring luma samples;
-* ``thumb``: the luma of the samples averaged 2 x 2, from which the cache takes its
-  perceptual hash (``imagehash.phash`` resizes it to ``4 * hash_size``, at most 256).
-
-The helper process (:mod:`.helper`) sends these back instead of the samples themselves
-(786 KB): a cache hit then moves 75 KB between the processes and leaves the server's
-worker only the phash to compute. The rule that compares two of them is the cache's
-(:mod:`flask_animegan.cache.fingerprint`), which keeps the two grids in its index.
+A bridge: the cache's own rewrite replaces this module.
 """
 
 from __future__ import annotations
@@ -30,8 +9,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
-
-from . import resample
 
 FINE_SIDE = 64  # cells per side of the luma grid: a 1 % box (10 % x 10 %) covers >= 5x5
 COARSE_SIDE = 32  # cells per side of the colour and detail grid (JPEG halves colour anyway)
@@ -89,11 +66,13 @@ def sample_reduction(source_size: tuple[int, int], side: int) -> int:
     return next(factor for factor in (8, 4, 2, 1) if factor <= max(most, 1))
 
 
-def resampled(image: Image.Image, box: resample.Box | None = None) -> Image.Image:
+def resampled(image: Image.Image,
+              box: tuple[float, float, float, float] | None = None) -> Image.Image:
     """``image`` (its ``box``) as RGB, resampled with the triangle filter to SAMPLE_SIDE x
     SAMPLE_SIDE."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
-    return resample.resize(rgb, (SAMPLE_SIDE, SAMPLE_SIDE), box, Image.Resampling.BILINEAR)
+    return rgb.resize((SAMPLE_SIDE, SAMPLE_SIDE), Image.Resampling.BILINEAR, box=box,
+                      reducing_gap=3.0)
 
 
 def describe(sampled: Image.Image) -> Samples:
