@@ -51,7 +51,7 @@ from flask_animegan.cache.near_duplicate import INDEX_CAP
 from flask_animegan.cache.storage import MemoryStorage, Storage
 from flask_animegan.inputs.decoding import DecodedUpload, DecodeLimits, fitted_size
 from flask_animegan.inputs.isolation import Decoder
-from flask_animegan.inputs.samples import of_picture
+from flask_animegan.cache.samples import of_picture
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field",
           "immunohistochemistry", "retina", "stereo_motorcycle", "camera", "coins", "moon",

@@ -34,7 +34,7 @@ from flask_animegan.cache.fingerprint import (
 from flask_animegan.cache.storage import MemoryStorage
 from flask_animegan.inputs.decoding import DecodeLimits
 from flask_animegan.inputs.isolation import Decoder
-from flask_animegan.inputs.samples import (
+from flask_animegan.cache.samples import (
     CELLS_SHAPE,
     LUMA_SHAPE,
     SAMPLE_SIDE,

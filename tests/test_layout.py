@@ -2,9 +2,8 @@
 
     extension -> web -> service -> pipeline -> {inputs, runtime, cache, portrait} -> {config, errors, process, metrics}
 
-Of the four siblings, one door only: cache -> inputs. The cache compares what
-``inputs/samples.py`` computes of an upload where the helper process decodes it (the
-helper imports the inputs room alone), so the grids' shapes are defined there.
+Of the four siblings, one door only: inputs -> runtime, for the one Gate that decodes and
+inferences both pass (runtime/gate.py imports nothing of the runtime's own).
 
 Every import counts, at module level or inside a function, under TYPE_CHECKING or not:
 a lazy import is still a door between two rooms.
@@ -34,7 +33,7 @@ LAYERS = {
 #: Rooms of one layer that must not import one another...
 SIBLINGS = {"inputs", "runtime", "cache", "portrait"}
 #: ...but through these doors (importer, imported).
-DOORS = {("cache", "inputs")}
+DOORS = {("inputs", "runtime")}
 
 
 def modules() -> dict[str, Path]:

@@ -351,9 +351,8 @@ def other_container(data: bytes) -> str | None:
 
 
 def _open_video(data: bytes, demuxer: str, max_pixels: int | None = None) -> Any:
-    """The container; ``max_pixels``: the frames FFmpeg decodes while it opens the file
-    (to find the streams' parameters) are refused over it before they are allocated (the
-    size still comes from the headers: 25 MiB instead of 151 MiB for 8000x8000 H.264)."""
+    """The container; ``max_pixels``: frames FFmpeg decodes while it opens the file (to
+    find the streams' parameters) are refused over it before they are allocated."""
     import av
 
     options = {"probesize": "1000000", "analyzeduration": "1000000"}
@@ -414,11 +413,9 @@ def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits,
 
 
 def _cap_pixels(stream: Any, pixels: int) -> None:
-    """Make FFmpeg's decoder refuse a frame far over ``pixels`` before it allocates it: a
-    stream may change its size in-band (a new H.264 SPS) after a small first frame and
-    header; the refusal is a decode error (BadImage, 400). FFmpeg counts its padded,
-    aligned buffers (a 96x64 frame needs 1.5 times its pixels, 1000x1000 1.1 times), so
-    the cap is twice ``pixels`` and a megapixel; the exact limit is _Counter's."""
+    """Make FFmpeg refuse a frame far over ``pixels`` before it allocates it (a stream may
+    grow in-band after a small header): a BadImage. FFmpeg counts its padded buffers, so
+    the cap is looser; the exact limit is _Counter's."""
     stream.codec_context.options = {"max_pixels": str(2 * pixels + (1 << 20))}
 
 
