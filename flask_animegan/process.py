@@ -1,9 +1,6 @@
-"""Settings that belong to the whole process, set once, explicitly.
-
-torch's thread pools and Python's warning filters are shared by every app in a process,
-so ``gunicorn.conf.py`` and ``init_app`` call :func:`configure_process`; the first call
-wins, and a later app asking for something else is told so in the log.
-"""
+"""Settings that belong to the whole process (torch's threads, warning filters), set once
+by ``gunicorn.conf.py`` and ``init_app``: the first call wins, a later app asking for
+something else is told so in the log."""
 
 from __future__ import annotations
 

@@ -586,6 +586,26 @@ def test_an_audio_track_over_its_byte_budget_is_refused(isolated):
     assert extract(clips.video_clip(0.5, fps=10), isolated) is not None
 
 
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_a_decoder_reads_with_its_own_limits_and_isolation(isolation):
+    """Probe, frames and audio follow the decoder's media limits (the app's settings, not
+    the defaults: the audio is cut one second after max_seconds), and ``thread`` reads all
+    three in this process, starting no helper."""
+    data = clips.video_clip(3.0, fps=10)
+    info = media.probe(data, LIMITS, DECODE)
+    decoder = Decoder(limits=DECODE, media=MediaLimits(max_seconds=1.0), isolation=isolation,
+                      timeout=20)
+    POOL.close()  # no idle helper: a read in one starts it
+    started = POOL.started
+    with pytest.raises(ImageTooLarge, match="at most 1 s"):
+        decoder.probe(data)
+    with pytest.raises(ImageTooLarge, match="more than 1 s"):
+        list(decoder.frames(data, info, size=32))
+    track = decoder.audio(data, info)
+    assert track is not None and _span(_audio_packets(track.data)) <= 2.0 + 0.1
+    assert (POOL.started == started) is (isolation == "thread")
+
+
 def test_an_audio_helper_past_its_time_is_killed():
     data = clips.video_clip(1.0, fps=10, container="webm")
     killed = POOL.killed

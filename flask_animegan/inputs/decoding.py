@@ -1,23 +1,22 @@
-"""Untrusted upload bytes to a small, upright RGB picture, within stated budgets.
-
-Pillow and NumPy only, since it also runs in the helper process. Whatever costs nothing
-is checked first, from the header (format, pixels, aspect, peak memory, JPEG scans);
-any other decoder failure becomes :class:`BadImage`. Pictures are never upscaled.
-"""
+"""Untrusted upload bytes to a small, upright RGB picture, within stated budgets; what costs
+nothing (format, pixels, aspect, peak memory, JPEG scans) is checked from the header first.
+Pillow and NumPy only: it also runs in the helper process."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import re
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
-from ..errors import BadImage, ImageTooLarge, UnsupportedImage
+from ..errors import BadImage, ConversionError, ImageTooLarge, UnsupportedImage
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -226,12 +225,8 @@ class JpegLayout:
 
 
 def jpeg_layout(data: bytes) -> JpegLayout:
-    """Walk the segments of the JPEG in ``data`` (no decoding, no copies).
-
-    Segments are skipped by their length fields and entropy-coded data up to its next
-    marker, so bytes inside EXIF blocks or thumbnails are not counted. A truncated file
-    counts what was seen so far.
-    """
+    """Walk the segments of the JPEG in ``data`` without decoding, skipping by length fields
+    and entropy-coded data to its next marker (a truncated file counts what was seen)."""
     scans = segments = payload = 0
     pos, end = 2, len(data)
     while pos + 4 <= end:
@@ -411,7 +406,7 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int, square: bool 
     image = opened.image
     fmt = image.format
     width, height = source_size
-    try:
+    with failures("the image", lambda exc: _corrupt(fmt, exc)):
         if needed > limits.max_bytes:
             raise ImageTooLarge(
                 f"decoding this {width}x{height} {image.mode} {fmt} image needs "
@@ -428,13 +423,6 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int, square: bool 
         if orientation in _TURNS:
             width, height = height, width
         return DecodedUpload(fitted, (width, height), cast(str, fmt))
-    except (ImageTooLarge, BadImage, UnsupportedImage):
-        raise
-    except MemoryError:
-        raise ImageTooLarge("the image needs more memory to decode than this server allows; "
-                            "send a smaller image") from None
-    except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt data
-        raise _corrupt(fmt, exc) from None
 
 
 def decode_cost(data: bytes, *, size: int, square: bool = False, cover: bool = False,
@@ -485,6 +473,21 @@ def fitted_size(source_size: tuple[int, int], size: int, square: bool = False,
     return output_size(width, height, size, cover=cover)
 
 
+@contextlib.contextmanager
+def failures(what: str, corrupt: Callable[[BaseException], BadImage]) -> Iterator[None]:
+    """Whatever a decoder raises inside becomes a ConversionError: running out of memory
+    a 413 for ``what``, anything else ``corrupt(exc)`` (Pillow and FFmpeg raise many types)."""
+    try:
+        yield
+    except ConversionError:
+        raise
+    except MemoryError:
+        raise ImageTooLarge(f"{what} needs more memory to decode than this server allows; "
+                            "send a smaller one") from None
+    except Exception as exc:  # noqa: BLE001
+        raise corrupt(exc) from None
+
+
 def _corrupt(fmt: str | None, exc: BaseException, hint: str = ACCEPTED_HINT) -> BadImage:
     return BadImage(f"the {fmt or 'image'} file is truncated or corrupt and cannot be "
                     f"decoded ({exc.__class__.__name__}); {hint}")
@@ -524,12 +527,9 @@ _SRGB = ImageCms.createProfile("sRGB")
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Any mode (1, L, LA, P, RGBA, CMYK, I;16, I, F, ...) to RGB in sRGB, alpha over white.
-
-    High-bit-depth and float images are brought to 8 bits a band of rows at a time:
-    16-bit samples keep their top byte, other integer and float images are scaled by
-    their range (floats within [0, 1] by 255). ``image`` itself is left as it was.
-    """
+    """Any mode to RGB in sRGB, alpha over white; high-bit-depth and float pictures are brought
+    to 8 bits a band of rows at a time (16-bit samples keep their top byte, others are scaled
+    by their range). ``image`` itself is left as it was."""
     return _to_rgb(image, release=False)
 
 

@@ -1,15 +1,6 @@
-"""The helper program that reads untrusted files: ``python -m flask_animegan.inputs.helper``.
-
-It decodes stills, probes media and decodes their frames and audio, one request at a
-time from stdin, each under an address-space limit, answering on stdout; the server
-kills it when it runs past its time (:mod:`.isolation`). Pillow, NumPy and PyAV only.
-
-Wire format, both ways: ``>II`` (JSON header length, payload length), the JSON header,
-then the payload (a request's file; an answer's pixels or audio). A request's header has
-``op`` (decode, probe, frames, audio), ``memory``, the ``decode`` and ``media`` limits
-and the op's arguments. Answers have ``ok``; all but a request's last have ``more``; an
-error (``ok`` false, ``error``, ``message``) is always the last.
-"""
+"""The helper program that reads untrusted files (``python -m flask_animegan.inputs.helper``):
+decode, probe, frames and audio requests from stdin, each under an address-space limit.
+Wire format both ways: ``>II`` (JSON header length, payload length), header, payload."""
 
 from __future__ import annotations
 
@@ -126,7 +117,9 @@ def _run(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
 
 
 def answer(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
-    """Answer one request under its address-space limit; never raise for a file."""
+    """Answer one request under its address-space limit, never raising for a file: every
+    message has ``ok``, all but the last ``more``; an error (``ok`` false, ``error``,
+    ``message``) is the last."""
     try:
         with address_space_limit(int(request["memory"])), warnings.catch_warnings():
             # Pillow's complaints about hostile files would fill the server's log; the

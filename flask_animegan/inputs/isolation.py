@@ -1,11 +1,6 @@
-"""Reading untrusted files for the service: :class:`Decoder`, in helper processes or here.
-
-Decoding costs as much as a conversion and a hostile file can cost far more, so with
-``ANIMEGAN_DECODE_ISOLATION = "process"`` every read runs in a helper process
-(:mod:`.helper`) with an address-space limit, killed past its time; ``"thread"`` reads in
-this process with the same header checks but no hard time or memory limit. Still
-decodes also pass a :class:`~flask_animegan.runtime.gate.Gate` shared by the process.
-"""
+"""Reading untrusted files for an app (:class:`Decoder`): in a helper process under time and
+memory limits (``ANIMEGAN_DECODE_ISOLATION = "process"``) or in this thread; still decodes
+also pass a Gate shared by the process."""
 
 from __future__ import annotations
 
@@ -189,11 +184,12 @@ def shared_gate(slots: int, max_queue: int, queue_timeout: float) -> Gate:
 
 
 class Decoder:
-    """Reads uploads for one app within its limits: stills, media probes, frames, audio."""
+    """Reads uploads for one app within its limits: stills, media probes, frames, audio.
+    The defaults are the settings' defaults (an app builds it :meth:`from_settings`)."""
 
     def __init__(self, *, limits: DecodeLimits | None = None, media: MediaLimits | None = None,
-                 isolation: str = "process", timeout: float = 10.0, slots: int = 1,
-                 max_queue: int = 8, queue_timeout: float = 30.0,
+                 isolation: str = "process", timeout: float = 5.0, slots: int = 1,
+                 max_queue: int = 2, queue_timeout: float = 60.0,
                  memory: int | None = None) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}")
@@ -296,11 +292,9 @@ class Decoder:
     def _ask(self, header: dict[str, Any], data: bytes, what: str, doing: str,
              total: float | None, timeout: float | None = None,
              ) -> Generator[tuple[dict[str, Any], bytes], None, None]:
-        """A helper's answers to one request, up to its last. The one rule for every
-        request: past ``timeout`` (by default the decode timeout; ``total``: all the
-        waits together) the helper is killed, and the request is a 503 if the helper
-        hardly ran (the load's fault), a 413 otherwise; a helper that dies is a 400 if it
-        crashed, a 413 if it was killed (for memory)."""
+        """A helper's answers to one request. Past ``timeout`` (``total``: all waits together) the
+        helper is killed: 503 if it hardly ran (the load's fault), else 413; a helper that dies
+        is a 400 if it crashed, else a 413 (killed for memory)."""
         timeout = self.timeout if timeout is None else timeout
         header = {**header, "decode": asdict(self.limits), "media": asdict(self.media)}
         helper = self.pool.take()

@@ -1,11 +1,6 @@
-"""What an upload is (a still, an animation or a video), its frames and its audio, within limits.
-
-:func:`probe` reads headers only and holds them against :class:`MediaLimits` before a frame
-is decoded; :func:`frames` decodes one frame at a time and counts again, so a file whose
-header lied stops at the limit. Animations go through Pillow, videos through PyAV, upright.
-A frame shown for :data:`MIN_DURATION_MS` or less is shown for :data:`DEFAULT_DURATION_MS`,
-as browsers show GIFs. Pillow, NumPy and PyAV only: it also runs in the helper process.
-"""
+"""What an upload is (still, animation, video), its frames and its audio, within limits: the
+probe holds the headers against the limits, frames are counted again as they are decoded.
+Pillow, NumPy and PyAV only: it also runs in the helper process."""
 
 from __future__ import annotations
 
@@ -376,35 +371,28 @@ def _video_format(data: bytes, demuxer: str) -> str:
 def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits,
                  max_pixels: int) -> MediaInfo:
     fmt = _video_format(data, demuxer)
-    try:
-        with _open_video(data, demuxer, max_pixels) as container:
-            if not container.streams.video:
-                raise BadImage(f"the {fmt} file has no video stream; {MEDIA_HINT}")
-            stream = container.streams.video[0]
-            codec = codec_name(stream)
-            if codec not in VIDEO_CODECS:
-                raise UnsupportedImage(f"{fmt} videos in {codec} are not accepted; "
-                                       f"{MEDIA_HINT}")
-            width, height = stream.codec_context.width, stream.codec_context.height
-            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-            fps = float(rate) if rate else None
-            if stream.duration is not None and stream.time_base:
-                duration = float(stream.duration * stream.time_base)
-            elif container.duration is not None:
-                duration = container.duration / 1_000_000
-            else:
-                duration = 0.0
-            frames = int(stream.frames or 0)
-            if not frames and fps and duration:
-                frames = max(1, round(duration * fps))  # Matroska does not store a count
-            has_audio = bool(container.streams.audio)
-    except ConversionError:
-        raise
-    except MemoryError:
-        raise ImageTooLarge("the video needs more memory to read than this server allows; "
-                            "send a smaller one") from None
-    except Exception as exc:  # noqa: BLE001 - FFmpeg's errors for corrupt containers
-        raise _corrupt(fmt, exc) from None
+    with decoding.failures("the video", lambda exc: _corrupt(fmt, exc)), \
+            _open_video(data, demuxer, max_pixels) as container:
+        if not container.streams.video:
+            raise BadImage(f"the {fmt} file has no video stream; {MEDIA_HINT}")
+        stream = container.streams.video[0]
+        codec = codec_name(stream)
+        if codec not in VIDEO_CODECS:
+            raise UnsupportedImage(f"{fmt} videos in {codec} are not accepted; "
+                                   f"{MEDIA_HINT}")
+        width, height = stream.codec_context.width, stream.codec_context.height
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        fps = float(rate) if rate else None
+        if stream.duration is not None and stream.time_base:
+            duration = float(stream.duration * stream.time_base)
+        elif container.duration is not None:
+            duration = container.duration / 1_000_000
+        else:
+            duration = 0.0
+        frames = int(stream.frames or 0)
+        if not frames and fps and duration:
+            frames = max(1, round(duration * fps))  # Matroska does not store a count
+        has_audio = bool(container.streams.audio)
     if width < 1 or height < 1:
         raise BadImage(f"the {fmt} video's frames have no size; {MEDIA_HINT}")
     if fps is None and frames and duration:
@@ -425,10 +413,9 @@ _ROTATION_PACKETS = 32
 
 
 def _video_rotation(data: bytes, demuxer: str, info: MediaInfo) -> int:
-    """The counter-clockwise rotation (degrees, -180 to 180) that shows the video upright,
-    from its display matrix (a phone's MP4/MOV, a Matroska projection). FFmpeg attaches the
-    matrix to decoded frames only, so this decodes the first one, after the limits are
-    held (its size is the probe's); 0 when none comes within :data:`_ROTATION_PACKETS`."""
+    """The counter-clockwise rotation (degrees) that shows the video upright, from the display
+    matrix FFmpeg attaches to decoded frames only: so the first frame is decoded, once the
+    limits are held; 0 when none comes within :data:`_ROTATION_PACKETS`."""
     # a corrupt packet: frames() reports it where it is, as it did before this
     with contextlib.suppress(Exception), _open_video(data, demuxer) as container:
         stream = container.streams.video[0]
@@ -460,15 +447,8 @@ def frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: DecodeLimi
         return
     counter = _Counter(info, limits)
     source = _video_frames if info.kind == "video" else _animation_frames
-    try:
+    with decoding.failures(f"the {_name(info)}", lambda exc: _corrupt(info.format, exc)):
         yield from source(data, info, counter, size, square)
-    except ConversionError:
-        raise
-    except MemoryError:
-        raise ImageTooLarge(f"the {_name(info)} needs more memory to decode than this "
-                            "server allows; send a smaller one") from None
-    except Exception as exc:  # noqa: BLE001 - Pillow's and FFmpeg's errors for corrupt data
-        raise _corrupt(info.format, exc) from None
 
 
 class _Counter:
@@ -598,28 +578,20 @@ def audio_budget(info: MediaInfo, limits: MediaLimits) -> tuple[float, int]:
 
 
 def audio(data: bytes, info: MediaInfo, limits: MediaLimits) -> AudioTrack | None:
-    """The video's first audio stream as an :class:`AudioTrack` (None: it has none), cut
-    :data:`AUDIO_OVERRUN_S` after the video's end and at most :func:`audio_budget`'s bytes
-    (ImageTooLarge past them). A packet the decoder refuses (when transcoding) is left out
-    and damaged container data ends the track; either makes ``complete`` False. BadImage
-    when the container cannot be read at all; None when no packet could be kept."""
+    """The video's first audio stream as an :class:`AudioTrack`, cut :data:`AUDIO_OVERRUN_S`
+    after the video and within :func:`audio_budget` (ImageTooLarge past it); damaged packets
+    are left out (``complete`` False). None when there is no packet to keep."""
     if info.kind != "video" or not info.has_audio:
         return None
     demuxer = _video_demuxer(data)
     if demuxer is None:
         raise BadImage(f"the file is not a video; {MEDIA_HINT}")
-    try:
-        with _open_video(data, demuxer) as container:
-            if not container.streams.audio:
-                return None
-            return _remux_audio(container, info, limits)
-    except ConversionError:
-        raise
-    except MemoryError:
-        raise ImageTooLarge("the video's audio needs more memory to read than this server "
-                            "allows; send a smaller file") from None
-    except Exception as exc:  # noqa: BLE001 - FFmpeg's errors for corrupt containers
-        raise BadImage(f"the video's audio cannot be read ({exc.__class__.__name__})") from None
+    with decoding.failures("the video's audio", lambda exc: BadImage(
+            f"the video's audio cannot be read ({exc.__class__.__name__})")), \
+            _open_video(data, demuxer) as container:
+        if not container.streams.audio:
+            return None
+        return _remux_audio(container, info, limits)
 
 
 class _Track:

@@ -1,9 +1,6 @@
-"""A bounded, timed gate in front of work that competes for the same cores.
-
-Decodes and inferences each pass one: a few run at once, a bounded queue waits a
-bounded time, and the rest are turned away at once with a Retry-After estimate
-instead of piling up threads.
-"""
+"""A bounded, timed gate in front of work that competes for the same cores (decodes,
+inferences): a few run, a bounded queue waits a bounded time, the rest get 503 at once
+with a Retry-After estimate instead of piling up threads."""
 
 from __future__ import annotations
 
