@@ -297,10 +297,9 @@ class Decoder:
         is a 400 if it crashed, else a 413 (killed for memory)."""
         timeout = self.timeout if timeout is None else timeout
         header = {**header, "decode": asdict(self.limits), "media": asdict(self.media)}
-        helper = self.pool.take()
+        helper = self._sent(header, data, what)
         clean, waited = False, 0.0
         try:
-            helper.send(header, data)
             while True:
                 wait = timeout if total is None else min(timeout, max(0.0, total - waited))
                 cpu_before, started = helper.cpu_seconds(), time.monotonic()
@@ -337,6 +336,17 @@ class Decoder:
                 self.pool.give_back(helper)
             else:
                 self.pool.discard(helper)
+
+    def _sent(self, header: dict[str, Any], data: bytes, what: str) -> HelperProcess:
+        """A helper that took the request; one gone since it went idle is replaced, once."""
+        for _ in range(2):
+            helper = self.pool.take()
+            try:
+                helper.send(header, data)
+                return helper
+            except OSError:
+                self.pool.discard(helper)
+        raise ImageTooLarge(f"{what} could not be handed to a decoder; send a smaller one")
 
     def status(self) -> dict[str, Any]:
         return {"isolation": self.isolation, "slots": self.gate.slots,
