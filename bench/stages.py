@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from flask_animegan.cache import NearDuplicateCache
 from flask_animegan.config import Settings
 from flask_animegan.outputs import stills as formats
 from flask_animegan.inputs.isolation import Decoder
@@ -19,29 +21,41 @@ from flask_animegan.runtime.engine import InferenceEngine
 
 from .timing import median, time_runs
 
-#: The converter's stages: decode includes the fit, inference the tensor conversions.
-STAGES = ("decode", "inference", "encode")
+#: The converter's stages of a JPEG that misses the cache: its lookup, the one decode (and
+#: fit), the near-duplicate lookup on what was fitted, the network (with its tensor
+#: conversions and the colours), the encode.
+STAGES = ("lookup", "decode", "cache", "inference", "encode")
 ENCODE_FORMATS = ("jpeg", "webp", "png")
 
 
 def make_pipeline(models_dir: Path, style: str, precision: str,
                   backend: str = "torch") -> Converter:
-    """The service's pipeline without a cache, decoding in helper processes as served."""
+    """The service's converter as served: a memory cache, decodes in helper processes, the
+    model warmed up (and ``auto`` settled) at the app's warm-up size."""
     settings = Settings(default_style=style, precision=precision, backend=backend)
     engine = InferenceEngine.from_settings(models_dir, settings)
-    engine.prepare(0)  # as the service's warm-up does: INT8 is settled there
+    engine.prepare(settings.warmup_size)  # as the service's warm-up does: INT8 is settled there
     decoder = Decoder.from_settings(settings)
     decoder.start()
-    return Converter(decoder, engine, quality=settings.jpeg_quality)
+    cache = NearDuplicateCache(ttl=settings.cache_ttl, max_bytes=settings.cache_max_bytes,
+                               max_distance=settings.phash_max_distance)
+    return Converter(decoder, engine, quality=settings.jpeg_quality, cache=cache)
+
+
+_clients = itertools.count()
 
 
 def pipeline_once(pipeline: Converter, data: bytes, size: int) -> tuple[dict[str, float], Any, bytes]:
-    """Convert ``data`` once as the service does; ms per stage and the model's, image, file."""
+    """Convert ``data`` once as the service does, as a new client's (a cache miss); ms per
+    stage and the model's, image, file."""
     style = pipeline.engine.style(None)
     model_ms = _time_forward(pipeline.engine)
-    conversion = pipeline.photo(data, ConvertRequest(style, size, "jpeg"))
-    ms = {"decode": conversion.timings["decode"], "inference": conversion.timings["infer"],
-          "encode": conversion.timings["encode"], "model": sum(model_ms)}
+    conversion = pipeline.photo(data, ConvertRequest(style, size, "jpeg"),
+                                scope=f"bench-{next(_clients)}")
+    assert not conversion.cache_hit
+    timings = conversion.timings
+    ms = {"lookup": timings["lookup"], "decode": timings["decode"], "cache": timings["cache"],
+          "inference": timings["infer"], "encode": timings["encode"], "model": sum(model_ms)}
     result = Image.open(io.BytesIO(conversion.data)).convert("RGB")
     return ms, result, conversion.data
 
@@ -71,8 +85,7 @@ def measure(data: bytes, *, size: int, runs: int, models_dir: Path, style: str,
     laps = [pipeline_once(pipeline, data, size) for _ in range(runs)]
     stage_ms = {stage: median([ms[stage] for ms, _, _ in laps]) for stage in STAGES}
     total = sum(stage_ms.values())
-    outside = median([ms["decode"] + ms["inference"] + ms["encode"] - ms["model"]
-                      for ms, _, _ in laps])
+    outside = median([sum(ms[stage] for stage in STAGES) - ms["model"] for ms, _, _ in laps])
     model_ms = total - outside
     _, result, encoded = laps[-1]
     encode = {}

@@ -106,7 +106,7 @@ def test_the_conversion_after_the_admitted_ones_gets_503_before_its_body_is_read
     monkeypatch.setattr("flask_animegan.config.available_cpus", lambda: 1)  # one decode slot
     app = make_app(ANIMEGAN_MAX_QUEUE=MAX_QUEUE)
     service = app.extensions["animegan"]
-    gate = {"waiting for the decoder": service.decoder.gate.slot(MAX_QUEUE, 60),
+    gate = {"waiting for the decoder": service.decoder.gate.slot(),
             "waiting for the model": service.engine.gate.slot()}.get(stage)
     held: list[tuple[Body, Background]] = []
     with gate or contextlib.nullcontext():

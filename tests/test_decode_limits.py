@@ -19,7 +19,8 @@ from bench.servers import child_pids
 from flask_animegan.errors import ImageTooLarge, Overloaded
 from flask_animegan.inputs.decoding import DecodeLimits, count_jpeg_scans, decode_cost
 from flask_animegan.inputs.helper import NICENESS
-from flask_animegan.inputs.isolation import DecodeGate, Decoder
+from flask_animegan.inputs.isolation import Decoder
+from flask_animegan.runtime.gate import Gate
 
 
 def progressive_jpeg(size=(2000, 1500), extra_scans: int = 0) -> bytes:
@@ -128,17 +129,18 @@ def test_a_decode_past_its_time_budget_is_killed_and_the_helper_replaced():
 def test_a_decode_past_its_memory_budget_fails_in_the_helper_not_the_server():
     from dataclasses import asdict
 
-    from flask_animegan.inputs.helper import MODULE
     from flask_animegan.inputs.isolation import HelperPool
+    from flask_animegan.inputs.media import MediaLimits
 
     big = encode_image(Image.effect_noise((3000, 3000), 64).convert("RGB"), "PNG")
-    pool = HelperPool(MODULE)
+    pool = HelperPool()
     helper = pool.take()
     try:
         # the header check is lifted (max_bytes 1 GiB) to reach the address-space
         # limit the helper sets itself: 16 MiB for a 36 MB decode
-        header = {"size": 64, "square": False, "memory": 16 << 20,
-                  "limits": asdict(DecodeLimits(max_bytes=1 << 30))}
+        header = {"op": "decode", "size": 64, "square": False, "cover": False,
+                  "memory": 16 << 20, "decode": asdict(DecodeLimits(max_bytes=1 << 30)),
+                  "media": asdict(MediaLimits())}
         answer, _ = helper.request(header, big, timeout=30)
         assert not answer["ok"] and answer["error"] == "ImageTooLarge", answer
         header["memory"] = 256 << 20  # the same helper goes on working
@@ -149,14 +151,15 @@ def test_a_decode_past_its_memory_budget_fails_in_the_helper_not_the_server():
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["cache off", "cache on"])
-def test_byte_budget_counts_bands_and_copies(make_app, cache):
+def test_byte_budget_counts_copies(make_app, cache):
     # an RGBA image is stored in 4 bytes a pixel and pasted onto a white RGB copy (8 in
-    # all); an 8-bit gray one needs 1 and its RGB copy (5). With the cache on, the decode
-    # also takes the cache's samples (from a reduced copy of the RGB picture) before the fit.
+    # all); an 8-bit gray one needs 1 and its RGB copy (5); the cache changes nothing.
     gray = encode_image(Image.new("L", (1400, 1400), 100), "PNG")
     rgba = encode_image(Image.new("RGBA", (1400, 1400), (9, 9, 9, 99)), "PNG")
-    gray_cost, rgba_cost = (decode_cost(data, size=128, sample=cache) for data in (gray, rgba))
-    assert rgba_cost > (1.2 if cache else 1.5) * gray_cost
+    gray_cost, rgba_cost = (decode_cost(data, size=128) for data in (gray, rgba))
+    assert rgba_cost > 1.5 * gray_cost
+    wide = encode_image(Image.new("L", (4000, 1000), 100), "PNG")
+    assert decode_cost(wide, size=900, cover=True) > 1.5 * decode_cost(wide, size=900)
     client = make_app(ANIMEGAN_MAX_DECODE_BYTES=(gray_cost + rgba_cost) // 2,
                       ANIMEGAN_CACHE_TTL=3600 if cache else 0).test_client()
     assert convert(client, gray).status_code == 200
@@ -191,28 +194,30 @@ def test_extreme_aspect_ratios_are_refused(client, size):
     assert response.status_code == 413 and "times the other" in response.json["error"]
 
 
-def test_the_decode_gate_bounds_concurrency_and_answers_503_when_full():
-    gate = DecodeGate(slots=1)
+def test_the_gate_bounds_concurrency_and_answers_503_when_full():
+    gate = Gate(slots=1, max_queue=0, queue_timeout=5, work="reading other uploads")
     entered, release = threading.Event(), threading.Event()
 
     def hold():
-        with gate.slot(max_queue=0, queue_timeout=5):
+        with gate.slot():
             entered.set()
             release.wait(5)
 
     holder = threading.Thread(target=hold)
     holder.start()
     entered.wait(5)
-    with pytest.raises(Overloaded) as refused, gate.slot(max_queue=0, queue_timeout=5):
+    with pytest.raises(Overloaded, match="reading other uploads") as refused, gate.slot():
         pass
-    assert refused.value.retry_after >= 1
-    with pytest.raises(Overloaded, match="timed out"), gate.slot(max_queue=1,
-                                                                 queue_timeout=0.2):
+    assert refused.value.retry_after >= 1 and gate.status() == {
+        "in_flight": 1, "queued": 0, "max_queue": 0}
+    gate.max_queue, gate.queue_timeout = 1, 0.2
+    with pytest.raises(Overloaded, match="timed out"), gate.slot():
         pass
     release.set()
     holder.join()
-    with gate.slot(max_queue=0, queue_timeout=1):
+    with gate.slot():
         pass  # free again
+    assert gate.status()["in_flight"] == gate.pending == 0
 
 
 def test_float_images_are_scaled_by_their_range(client):

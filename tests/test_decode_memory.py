@@ -125,6 +125,7 @@ class Case:
     make: Callable[[int, int], bytes]
     size: int = 128
     square: bool = False
+    cover: bool = False
 
 
 #: Every format, mode and path of the decode. JPEGs get a size large enough to decode
@@ -140,14 +141,17 @@ CASES = [
     Case("JPEG EXIF turn", _plain("RGB", "JPEG", exif=_exif(6)), size=4096),
     Case("JPEG square crop", _plain("RGB", "JPEG"), size=4096, square=True),
     Case("JPEG progressive", _plain("RGB", "JPEG", progressive=True), size=4096),
-    # fitted under 6x: the resize runs in two bands on two threads (inputs/resample.py)
-    Case("JPEG RGB fitted in bands", _plain("RGB", "JPEG"), size=1024),
-    Case("JPEG square crop fitted in bands", _plain("RGB", "JPEG"), size=1024, square=True),
+    # fitted under 6x, and a cover fit's larger picture
+    Case("JPEG RGB fitted under 6x", _plain("RGB", "JPEG"), size=1024),
+    Case("JPEG square crop fitted under 6x", _plain("RGB", "JPEG"), size=1024, square=True),
+    Case("JPEG cover", _plain("RGB", "JPEG"), size=1024, cover=True),
     Case("JPEG progressive drafted", _plain("RGB", "JPEG", progressive=True), size=128),
     Case("JPEG progressive CMYK drafted", _plain("CMYK", "JPEG", progressive=True),
          size=128),
     Case("PNG RGB", _plain("RGB", "PNG", compress_level=1)),
-    Case("PNG RGB fitted in bands", _plain("RGB", "PNG", compress_level=1), size=1024),
+    Case("PNG RGB fitted under 6x", _plain("RGB", "PNG", compress_level=1), size=1024),
+    Case("PNG RGB cover", _plain("RGB", "PNG", compress_level=1), size=1024, cover=True),
+    Case("PNG RGBA cover", _plain("RGBA", "PNG", compress_level=1), size=512, cover=True),
     Case("PNG RGBA", _plain("RGBA", "PNG", compress_level=1)),
     Case("PNG RGBA square crop", _plain("RGBA", "PNG", compress_level=1), square=True),
     Case("PNG LA", _plain("LA", "PNG", compress_level=1)),
@@ -212,7 +216,7 @@ def old_estimate(data: bytes, case: Case) -> int:
     image = Image.open(io.BytesIO(data))
     width, height = image.size
     if image.format == "JPEG":
-        side = min(width, height) if case.square else max(width, height)
+        side = min(width, height) if case.square or case.cover else max(width, height)
         scale = 3 * case.size / side
         if scale < 1:
             image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
@@ -220,13 +224,12 @@ def old_estimate(data: bytes, case: Case) -> int:
     return width * height * (storage_bytes(image.mode) + (0 if image.mode == "RGB" else 4))
 
 
-def sized(case: Case, share: float, sample: bool = False) -> bytes:
-    """The case's file at a 4:3 size whose estimate is about ``share`` of the budget
-    (``sample``: of the cache's decode, :func:`sample_upload`)."""
+def sized(case: Case, share: float) -> bytes:
+    """The case's file at a 4:3 size whose estimate is about ``share`` of the budget."""
     width, height = 400, 300
     for _ in range(8):
         data = case.make(width, height)
-        cost = decode_cost(data, size=case.size, square=case.square, sample=sample)
+        cost = decode_cost(data, size=case.size, square=case.square, cover=case.cover)
         if abs(cost / BUDGET - share) < 0.04:
             break
         scale = math.sqrt(share * BUDGET / cost)
@@ -238,7 +241,7 @@ def sized(case: Case, share: float, sample: bool = False) -> bytes:
 CHILD = r"""
 import gc, json, sys, threading
 from flask_animegan.errors import ConversionError
-from flask_animegan.inputs.decoding import DecodeLimits, decode_upload, sample_upload
+from flask_animegan.inputs.decoding import DecodeLimits, decode_upload
 from flask_animegan.inputs.isolation import Decoder
 from flask_animegan.process import configure_decoding
 
@@ -252,12 +255,11 @@ def status(key):
 
 def decode(data, decoder=None):
     try:
-        if job["sample"]:
-            sample_upload(data, limits, size=job["size"], square=job["square"])
-        elif decoder is None:
-            decode_upload(data, limits, size=job["size"], square=job["square"])
+        fit = {"size": job["size"], "square": job["square"], "cover": job["cover"]}
+        if decoder is None:
+            decode_upload(data, limits, **fit)
         else:
-            decoder.decode(data, size=job["size"], square=job["square"])
+            decoder.decode(data, **fit)
         return 200
     except ConversionError as exc:
         return exc.status
@@ -288,18 +290,17 @@ print(json.dumps({"peak": status("VmHWM") - before, "statuses": statuses}))
 """
 
 
-def measure(tmp_path, cases: list[Case], *files: bytes,
-            sample: bool = False) -> tuple[int, list[int]]:
+def measure(tmp_path, cases: list[Case], *files: bytes) -> tuple[int, list[int]]:
     """The peak resident growth of decoding ``files`` (two or more: at once) in a fresh
     process that has decoded a small file of each of ``cases`` first, and each decode's
-    HTTP status (``sample``: the cache's decode, one file)."""
+    HTTP status."""
     paths = []
     for i, data in enumerate((*(case.make(40, 30) for case in cases), *files)):
         path = tmp_path / f"{i}.bin"
         path.write_bytes(data)
         paths.append(str(path))
     job = {"warm": paths[:len(cases)], "paths": paths[len(cases):], "size": cases[0].size,
-           "square": cases[0].square, "limits": LIMITS.__dict__, "sample": sample}
+           "square": cases[0].square, "cover": cases[0].cover, "limits": LIMITS.__dict__}
     done = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(job), text=True,
                           capture_output=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -322,7 +323,7 @@ def report():
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_a_decode_just_under_the_budget_stays_within_it(case, tmp_path, report):
     data = sized(case, 0.92)
-    estimate = decode_cost(data, size=case.size, square=case.square)
+    estimate = decode_cost(data, size=case.size, square=case.square, cover=case.cover)
     assert 0.8 * BUDGET < estimate <= BUDGET, estimate / MiB
     peak, statuses = measure(tmp_path, [case], data)
     report.append((case.name, old_estimate(data, case), estimate, peak))
@@ -331,30 +332,10 @@ def test_a_decode_just_under_the_budget_stays_within_it(case, tmp_path, report):
                                     f"{estimate / MiB:.1f} MiB")
 
 
-#: The cache's decode of a JPEG is the drafted decode above, resized to the samples (its
-#: DCT scale keeps 512 samples a side, so it reaches the budget only for files over
-#: Pillow's pixel limit); the others are fitted beside their samples.
-SAMPLED = [case for case in CASES if not case.name.startswith("JPEG")]
-
-
-@pytest.mark.parametrize("case", SAMPLED, ids=[case.name for case in SAMPLED])
-def test_the_caches_decode_just_under_the_budget_stays_within_it(case, tmp_path, report):
-    """The decode that also takes the cache's statistics (the picture reduced, resampled
-    and described, then fitted beside its samples) is held to the same budget."""
-    data = sized(case, 0.92, sample=True)
-    estimate = decode_cost(data, size=case.size, square=case.square, sample=True)
-    assert 0.8 * BUDGET < estimate <= BUDGET, estimate / MiB
-    peak, statuses = measure(tmp_path, [case], data, sample=True)
-    report.append((f"{case.name} (cache)", old_estimate(data, case), estimate, peak))
-    assert statuses == [200]
-    assert peak <= BUDGET + SLACK, (f"{case.name}: peak {peak / MiB:.1f} MiB, estimate "
-                                    f"{estimate / MiB:.1f} MiB")
-
-
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_a_decode_over_the_budget_is_refused_before_its_pixels(case, tmp_path):
     data = sized(case, 1.15)
-    assert decode_cost(data, size=case.size, square=case.square) > BUDGET
+    assert decode_cost(data, size=case.size, square=case.square, cover=case.cover) > BUDGET
     peak, statuses = measure(tmp_path, [case], data)
     assert statuses == [413]
     assert peak <= REFUSED_PEAK, f"{case.name}: {peak / MiB:.1f} MiB before the refusal"
@@ -366,7 +347,8 @@ def test_a_helper_process_decodes_every_file_under_the_budget(case):
     decode the budget allows through."""
     decoder = Decoder(limits=LIMITS, isolation="process", timeout=60, slots=1, max_queue=0,
                       queue_timeout=60)
-    decoded = decoder.decode(sized(case, 0.97), size=case.size, square=case.square)
+    decoded = decoder.decode(sized(case, 0.97), size=case.size, square=case.square,
+                             cover=case.cover)
     assert decoded.image.mode == "RGB"
 
 

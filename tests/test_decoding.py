@@ -4,8 +4,6 @@ DecodedUpload it gives, the same from a helper process as from this thread."""
 from __future__ import annotations
 
 import io
-import json
-from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -15,7 +13,6 @@ from PIL import Image, ImageCms
 from flask_animegan.errors import BadImage, ImageTooLarge, UnsupportedImage
 from flask_animegan.inputs import decoding
 from flask_animegan.inputs.decoding import DecodedUpload
-from flask_animegan.inputs.helper import answer_of, upload_of
 from flask_animegan.inputs.isolation import Decoder
 from flask_animegan.runtime.engine import InferenceEngine
 
@@ -72,28 +69,40 @@ def test_every_exif_orientation_comes_out_upright(orientation):
     assert quadrant_colours(decoded) == quadrant_colours(upright)
 
 
-@pytest.mark.parametrize("fmt,orientation,square", [("JPEG", n, False) for n in range(1, 9)]
-                         + [("JPEG", 6, True), ("PNG", 6, False), ("PNG", 8, True)])
-def test_the_caches_statistics_are_of_the_upright_picture(orientation, square, fmt):
-    """A photo stored turned with an EXIF orientation has the statistics of the same photo
-    stored upright (reduced by 2 for the samples: a JPEG at its DCT scale), and its fitted
-    size (fitted_size, no fit) is the fit's."""
+@pytest.mark.parametrize("fmt,orientation", [("JPEG", n) for n in (1, 3, 6, 8)]
+                         + [("PNG", 6), ("PNG", 8)])
+def test_a_cover_fit_is_upright_and_its_centre_square_is_the_size(fmt, orientation):
+    """A cover fit's short side is the size, upright whatever the EXIF orientation, and its
+    centre square is the square fit but for resampling (what a face style crops when no
+    face is found); fitted_size says its size without a decode."""
     upright = photo("coffee").resize((1300, 1040))
     exif = Image.Exif()
     exif[0x0112] = orientation
     params = {"quality": 95} if fmt == "JPEG" else {}
     stored = encode_image(STORED_FOR_ORIENTATION[orientation](upright), fmt,
                           exif=exif.tobytes(), **params)
-    limits = decoding.DecodeLimits()
-    turned = decoding.sample_upload(stored, limits, size=256, square=square)
-    plain = decoding.sample_upload(encode_image(upright, fmt, **params), limits, size=256,
-                                   square=square)
-    assert turned.source_size == (1300, 1040)
-    assert np.abs(turned.samples.luma.astype(int) - plain.samples.luma).max() <= 2
-    assert np.abs(turned.samples.cells.astype(int) - plain.samples.cells).max() <= 2
+    covered = decode_upload(stored, size=256, cover=True)
+    assert covered.source_size == (1300, 1040)
+    assert covered.image.size == (320, 256) == decoding.fitted_size((1300, 1040), 256,
+                                                                    cover=True)
+    plain = decode(encode_image(upright, fmt, **params), size=256, cover=True)
+    assert np.abs(np.asarray(covered.image, int) - np.asarray(plain, int)).mean() < 1
+    centre = covered.image.crop((32, 0, 288, 256))
+    square = decode(stored, size=256, square=True)
+    assert square.size == (256, 256)
+    assert np.abs(np.asarray(centre, int) - np.asarray(square, int)).mean() < 3
     for size in (64, 1000):
-        assert decoding.fitted_size(turned.source_size, size, square) == decode(
-            stored, size=size, square=square).size
+        for fit in ({}, {"square": True}, {"cover": True}):
+            assert decoding.fitted_size(covered.source_size, size, **fit) == decode(
+                stored, size=size, **fit).size
+
+
+def test_a_cover_fit_never_upscales_and_is_not_square_too():
+    small = encode_image(photo("coffee").resize((300, 200)), "PNG")
+    assert decode(small, size=512, cover=True).size == (300, 200)
+    assert decode(small, size=100, cover=True).size == (150, 100)
+    with pytest.raises(ValueError):
+        decode(small, size=100, cover=True, square=True)
 
 
 def test_orientation_through_the_api(client):
@@ -230,80 +239,15 @@ def test_big_jpegs_are_decoded_at_reduced_scale():
     assert min(square.size) >= 512  # the centre square must still cover the size
 
 
-@pytest.mark.parametrize("size,square", [(512, False), (512, True), (300, False), (1024, False)])
-def test_a_fit_in_two_bands_is_one_resize_on_every_machine(monkeypatch, size, square):
-    # a phone-sized photo (1080 x 1350) fitted under 6x runs in two bands on two threads:
-    # one Lanczos resize over the whole box but for rounding (Pillow 13 may take a band's
-    # two passes in the other order), and the same picture whether the bands ran side by
-    # side or one after the other (a 1-CPU machine)
-    from flask_animegan import process
-    from flask_animegan.inputs import resample
-
+@pytest.mark.parametrize("size,square", [(512, False), (512, True), (256, False), (1024, False)])
+def test_a_fit_is_one_lanczos_resize_of_its_box(size, square):
     image = photo("astronaut").resize((1080, 1350), Image.Resampling.LANCZOS)
     side = min(image.size)
     box = ((0, (image.height - side) // 2, side, (image.height + side) // 2) if square
            else (0, 0, *image.size))
     target = decoding.output_size(box[2] - box[0], box[3] - box[1], size)
-    assert resample.banded((box[2] - box[0], box[3] - box[1]), target)
-    fitted = decoding.fit(image, size, square=square)
     whole = image.resize(target, Image.Resampling.LANCZOS, box=box, reducing_gap=3.0)
-    difference = np.abs(np.asarray(fitted, np.int16) - np.asarray(whole, np.int16))
-    assert fitted.size == target and difference.max() <= 4
-    assert difference.mean() < 0.2
-    monkeypatch.setattr(process, "side_thread", lambda: None)
-    assert np.array_equal(np.asarray(decoding.fit(image, size, square=square)),
-                          np.asarray(fitted))
-
-
-def test_a_forked_child_fits_in_bands_with_a_side_thread_of_its_own():
-    # gunicorn forks its workers, RQ its work horses: the parent's thread is not theirs
-    import os
-    import select
-    import signal
-
-    from flask_animegan.process import side_thread
-
-    image = Image.new("RGB", (1080, 1350), (10, 20, 30))
-    expected = np.asarray(decoding.fit(image, 512))
-    parent_side = side_thread()
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report, and leave without pytest's cleanup
-        child_side = side_thread()  # None on one CPU, as in the parent
-        ok = (np.array_equal(np.asarray(decoding.fit(image, 512)), expected)
-              and (child_side is None or child_side is not parent_side))
-        os.write(write, b"1" if ok else b"0")
-        os._exit(0)
-    os.close(write)
-    try:
-        answered, _, _ = select.select([read], [], [], 60)
-        if not answered:  # never hang the suite on a child stuck on a lock
-            os.kill(pid, signal.SIGKILL)
-        answer = os.read(read, 1) if answered else b"(no answer in 60 s)"
-    finally:
-        os.waitpid(pid, 0)
-        os.close(read)
-    assert answer == b"1"
-
-
-def test_a_fit_on_the_side_thread_runs_its_bands_there_instead_of_waiting_for_itself():
-    from flask_animegan.process import side_thread
-
-    side = side_thread()
-    if side is None:
-        pytest.skip("one CPU: there is no side thread")
-    image = Image.new("RGB", (1080, 1350), (10, 20, 30))
-    fitted = side.submit(decoding.fit, image, 512).result(timeout=30)
-    assert fitted.size == (410, 512) and fitted.getpixel((200, 300)) == (10, 20, 30)
-
-
-def test_a_fit_that_reduces_first_runs_whole():
-    # 6x or more: Pillow averages whole blocks first, which bands would place differently
-    from flask_animegan.inputs import resample
-
-    image = Image.new("RGB", (3000, 2000), (10, 20, 30))
-    assert not resample.banded(image.size, decoding.output_size(*image.size, 256))
-    assert decoding.fit(image, 256).getpixel((5, 5)) == (10, 20, 30)
+    assert decoding.fit(image, size, square=square).tobytes() == whole.tobytes()
 
 
 # -- the DecodedUpload ----------------------------------------------------------------------
@@ -350,13 +294,14 @@ def decoders():
             for isolation in ("process", "thread")}
 
 
-@pytest.mark.parametrize("square", [False, True])
+@pytest.mark.parametrize("fit", [{}, {"square": True}, {"cover": True}],
+                         ids=["long side", "square", "cover"])
 @pytest.mark.parametrize("name,make,fmt,source_size", UPLOADS, ids=[u[0] for u in UPLOADS])
 def test_a_helper_process_gives_the_same_decoded_upload_as_this_thread(decoders, name, make,
-                                                                       fmt, source_size, square):
+                                                                       fmt, source_size, fit):
     data = make()
-    helper = decoders["process"].decode(data, size=96, square=square)
-    thread = decoders["thread"].decode(data, size=96, square=square)
+    helper = decoders["process"].decode(data, size=48, **fit)
+    thread = decoders["thread"].decode(data, size=48, **fit)
     assert isinstance(helper, DecodedUpload)
     assert (helper.source_size, helper.format) == (thread.source_size, thread.format)
     assert (helper.source_size, helper.format) == (source_size, fmt)
@@ -364,33 +309,6 @@ def test_a_helper_process_gives_the_same_decoded_upload_as_this_thread(decoders,
     assert helper.image.mode == thread.image.mode == "RGB"
     assert helper.image.size == thread.image.size
     assert helper.image.tobytes() == thread.image.tobytes()
-    assert helper.jpeg_tables == thread.jpeg_tables
-
-
-def test_a_decode_names_how_a_jpeg_was_compressed_and_nothing_for_other_formats():
-    """The same for two photos saved at one quality, another at another quality or
-    sampling; 0 for every format that is not a JPEG, whatever it compresses with."""
-    def tables(name: str, **params: object) -> int:
-        return decode_upload(photo_bytes(name, "JPEG", **params), size=64).jpeg_tables
-
-    at_90 = tables("chelsea", quality=90)
-    assert at_90 != 0 and at_90 == tables("astronaut", quality=90)
-    assert at_90 != tables("chelsea", quality=89) != tables("chelsea", quality=70)
-    assert at_90 != tables("chelsea", quality=90, subsampling=0)  # 4:4:4, not 4:2:0
-    for name, make, fmt, _ in UPLOADS:
-        assert (decode_upload(make(), size=64).jpeg_tables != 0) is (fmt == "JPEG"), name
-
-
-def test_the_helper_protocol_carries_every_field_of_the_decoded_upload():
-    decoded = decode_upload(exif_turned(), size=64)
-    header, pixels = answer_of(decoded)
-    header = json.loads(json.dumps(header))  # as it travels
-    named = {field.name for field in fields(DecodedUpload)} - {"image"}
-    assert named <= set(header) and header["ok"] is True
-    again = upload_of(header, pixels)
-    assert again.source_size == decoded.source_size and again.format == decoded.format
-    assert again.jpeg_tables == decoded.jpeg_tables > 0
-    assert again.image.tobytes() == decoded.image.tobytes()
 
 
 @pytest.mark.parametrize("size_in,size,expected", [

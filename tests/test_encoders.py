@@ -21,13 +21,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from flask_animegan.inputs import frames_helper
 from flask_animegan.inputs.decoding import DecodeLimits
-from flask_animegan.inputs.frames_helper import (
-    isolated_audio,
-    isolated_frames,
-    isolated_probe,
-)
+from flask_animegan.inputs.isolation import POOL, Decoder
 from flask_animegan.inputs.media import MediaLimits, frames, probe
 from flask_animegan.outputs.animations import (
     AUDIO_OVERRUN_S,
@@ -49,7 +44,7 @@ DURATIONS = [20, 30, 50, 80, 100, 120, 200, 500, 1000, 70]
 
 def _audio(source: bytes, info: Any, audio_timeout: float = AUDIO_TIMEOUT_S) -> Any:
     """The source's audio as the converter reads it: in the helper, within LIMITS."""
-    return lambda: isolated_audio(source, info, LIMITS, audio_timeout)
+    return lambda: Decoder(media=LIMITS).audio(source, info, timeout=audio_timeout)
 
 
 def rewrite(source: bytes, size: int = 96, quality: int = 90) -> tuple[Any, str, bytes]:
@@ -185,7 +180,7 @@ def test_an_abandoned_video_writer_closes():
     """A failed or cancelled job closes its writer: nothing stays open (the suite turns an
     unclosed file into an error), a second close and a close after finish do nothing."""
     source = media.video_clip(0.5, 10)
-    track = isolated_audio(source, probe(source, LIMITS, DECODE), LIMITS, 20)
+    track = Decoder(timeout=20).audio(source, probe(source, LIMITS, DECODE))
     assert track is not None
     for frames_added in (0, 3):
         writer = Mp4Writer(track, fps=10, quality=80)
@@ -478,8 +473,8 @@ def test_the_writer_never_opens_the_upload(monkeypatch):
     """Every container this process opens while a video with audio is written is the
     helper's track or the writer's own output: the upload's bytes are read in the helper."""
     source = media.video_clip(1.0, 10)
-    info = isolated_probe(source, LIMITS, DECODE, 20)
-    frames_in = list(isolated_frames(source, info, LIMITS, DECODE, size=96, timeout_per_frame=20))
+    info = Decoder(timeout=20).probe(source)
+    frames_in = list(Decoder(timeout=20).frames(source, info, size=96))
     opened: list[bytes] = []
     real_open = av.open
 
@@ -525,11 +520,11 @@ def test_a_hostile_audio_track_costs_the_audio_not_the_video(name, make, options
     source = make()
     info = probe(source, LIMITS, DECODE)
     frames_in = list(frames(source, info, LIMITS, DECODE, size=96))
-    killed = frames_helper.POOL.killed
+    killed = POOL.killed
     with caplog.at_level("WARNING", logger="flask_animegan.outputs.animations"):
         writer, _, written = _write(source, info, frames_in, **options)
     assert re.search(logged, caplog.text), caplog.text
-    assert frames_helper.POOL.killed == killed + ("audio_timeout" in options)
+    assert POOL.killed == killed + ("audio_timeout" in options)
     after = video(written)
     assert len(after["times"]) == len(frames_in) == info.frames
     if writer.audio == "dropped":

@@ -23,9 +23,8 @@ def hostile_client(models_dir):
     app = Flask("hostile")
     app.config.update(ANIMEGAN_MODELS_DIR=str(models_dir), ANIMEGAN_WARMUP_SIZE=0,
                       ANIMEGAN_RATE_LIMIT="", ANIMEGAN_MAX_SIDE=64,
-                      # the cache on: every file is first decoded for the cache's statistics
-                      # (sample_upload), then, a JPEG that missed, again to be fitted
-                      # (test_upload_transports sends its variants with the cache off)
+                      # the cache on: every file is decoded once, then looked up by what
+                      # was fitted (test_upload_transports sends its variants with it off)
                       ANIMEGAN_CACHE_TTL=3600,
                       ANIMEGAN_MAX_PIXELS=20_000_000, ANIMEGAN_CSRF=False,
                       # the uploads, not the backend choice (auto's timings cost seconds)

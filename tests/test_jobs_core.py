@@ -472,16 +472,16 @@ def test_a_job_whose_decode_helper_is_starved_runs_again(make_app, monkeypatch):
     import os
     import signal
 
-    from flask_animegan.inputs import frames_helper
+    from flask_animegan.inputs.isolation import POOL
 
     monkeypatch.setattr("flask_animegan.inputs.isolation.DECODE_TIMEOUT", 1.0)
     service = make_app(ANIMEGAN_DECODE_ISOLATION="process").extensions["animegan"]
     data = gif_from_photos(6, size=(96, 64), durations=50)
     record = service.jobs.store.create(data, client=CLIENT, style="test_style", size=96,
                                        kind="animation", format="GIF", frames_total=6)
-    frames_helper.POOL.close()
-    frames_helper.POOL.prestart(1)
-    helper = frames_helper.POOL._idle[0]
+    POOL.close()
+    POOL.prestart(1)
+    helper = POOL._idle[0]
     os.kill(helper.process.pid, signal.SIGSTOP)
     try:
         service.jobs.run(record.id)  # the first run, in this thread: its probe starves

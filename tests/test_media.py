@@ -1,5 +1,5 @@
 """What an upload is and its frames (flask_animegan.inputs.media), in this process and in
-the isolated helper (inputs.frames_helper): every format round trip, the limits refused
+the isolated helper (inputs.helper): every format round trip, the limits refused
 with 413 before or while decoding, and generated corrupt inputs for every format."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from PIL import Image
 from upload_variants import bit_flips, prefixes
 
 from flask_animegan.errors import BadImage, ImageTooLarge, Overloaded, UnsupportedImage
-from flask_animegan.inputs import frames_helper, media
+from flask_animegan.inputs import media
 from flask_animegan.inputs.decoding import DecodeLimits
+from flask_animegan.inputs.isolation import POOL, Decoder
 from flask_animegan.inputs.media import MediaInfo, MediaLimits
 
 LIMITS, DECODE = MediaLimits(), DecodeLimits()
@@ -26,13 +27,19 @@ EXPECTED = (BadImage, UnsupportedImage, ImageTooLarge)
 DURATIONS = [40, 50, 60, 70, 80, 90, 100, 110, 120, 130]
 
 
+def helper_decoder(limits: MediaLimits = LIMITS, *, timeout: float = 20,
+                   memory: int | None = None) -> Decoder:
+    """A decoder that reads in the helper process."""
+    return Decoder(limits=DECODE, media=limits, isolation="process", timeout=timeout,
+                   memory=memory)
+
+
 def probe_and_frames(data: bytes, isolated: bool, limits: MediaLimits = LIMITS,
                      size: int = 64, square: bool = False) -> tuple[MediaInfo, list[media.Frame]]:
     if isolated:
-        info = frames_helper.isolated_probe(data, limits, DECODE, timeout=20)
-        return info, list(frames_helper.isolated_frames(
-            data, info, limits, DECODE, size=size, square=square, timeout_per_frame=20,
-            timeout_total=60))
+        info = helper_decoder(limits).probe(data)
+        return info, list(helper_decoder(limits).frames(data, info, size=size, square=square,
+                                                       total_timeout=60))
     info = media.probe(data, limits, DECODE)
     return info, list(media.frames(data, info, limits, DECODE, size=size, square=square))
 
@@ -330,7 +337,7 @@ def test_over_a_limit_is_413_before_decoding(name, isolated):
     data = make()
     with pytest.raises(ImageTooLarge, match=message):
         if isolated:
-            frames_helper.isolated_probe(data, limits, DECODE, timeout=20)
+            helper_decoder(limits).probe(data)
         else:
             media.probe(data, limits, DECODE)
 
@@ -351,10 +358,9 @@ def test_a_header_that_lies_stops_at_the_limit_while_decoding(isolated):
     seen = []
     with pytest.raises(ImageTooLarge, match="more than 8 frames"):
         if isolated:
-            info = frames_helper.isolated_probe(data, limits, DECODE, timeout=20)
+            info = helper_decoder(limits).probe(data)
             assert info.frames == 1
-            for frame in frames_helper.isolated_frames(data, info, limits, DECODE, size=64,
-                                                       timeout_per_frame=20):
+            for frame in helper_decoder(limits).frames(data, info, size=64):
                 seen.append(frame.index)
         else:
             info = media.probe(data, limits, DECODE)
@@ -376,23 +382,20 @@ def test_a_header_that_lies_about_time_stops_while_decoding():
 def test_a_slow_frame_kills_the_helper_with_413():
     data = clips.video_clip(1, audio=False)
     info = media.probe(data, LIMITS, DECODE)
-    killed = frames_helper.POOL.killed
+    killed = POOL.killed
     with pytest.raises(ImageTooLarge, match="for one frame"):
-        list(frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
-                                           timeout_per_frame=0.0))
-    assert frames_helper.POOL.killed == killed + 1
+        list(helper_decoder(timeout=0.0).frames(data, info, size=64))
+    assert POOL.killed == killed + 1
 
 
 def test_the_total_time_limit_counts_only_the_wait_for_frames():
     data = clips.video_clip(1, audio=False)
     info = media.probe(data, LIMITS, DECODE)
     with pytest.raises(ImageTooLarge, match="in all"):
-        list(frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
-                                           timeout_per_frame=20, timeout_total=0.0))
+        list(helper_decoder().frames(data, info, size=64, total_timeout=0.0))
     # a consumer that takes its time is not the decode's time
     frames = []
-    for frame in frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
-                                               timeout_per_frame=20, timeout_total=10):
+    for frame in helper_decoder().frames(data, info, size=64, total_timeout=10):
         frames.append(frame)
         __import__("time").sleep(0.05)
     assert len(frames) == 10
@@ -404,8 +407,7 @@ def test_a_decode_over_the_memory_limit_is_413_not_a_crash():
     data = clips.video_clip(0.2, fps=10, size=(1600, 1200), audio=False)
     info = media.probe(data, LIMITS, DECODE)
     with pytest.raises(ImageTooLarge, match="memory"):
-        list(frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
-                                           timeout_per_frame=20, memory=4 << 20))
+        list(helper_decoder(timeout=20, memory=4 << 20).frames(data, info, size=64))
     # and the next request gets a working helper
     assert len(probe_and_frames(clips.video_clip(0.3, audio=False), True)[1]) == 3
 
@@ -413,12 +415,11 @@ def test_a_decode_over_the_memory_limit_is_413_not_a_crash():
 def test_a_consumer_that_stops_early_leaves_no_helper_behind():
     data = clips.video_clip(1, audio=False)
     info = media.probe(data, LIMITS, DECODE)
-    killed = frames_helper.POOL.killed
-    stream = frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
-                                           timeout_per_frame=20)
+    killed = POOL.killed
+    stream = helper_decoder().frames(data, info, size=64)
     next(stream)
     stream.close()
-    assert frames_helper.POOL.killed == killed + 1
+    assert POOL.killed == killed + 1
 
 
 # -- generated corrupt inputs: only the three errors, never another, never a hang --------
@@ -465,10 +466,10 @@ def test_corrupt_inputs_end_in_a_clear_error(name):
 def test_corrupt_inputs_in_the_helper_never_time_out_nor_kill_it(name):
     """The same classes through the isolated helper: the same answers, and not one helper
     killed (a kill is a timeout or a death), so no file hangs or crashes the decoder."""
-    killed = frames_helper.POOL.killed
+    killed = POOL.killed
     variants = corrupt_variants(name)
     isolated = [_outcome(body, True) for _, body in variants]
-    assert frames_helper.POOL.killed == killed
+    assert POOL.killed == killed
     assert isolated == [_outcome(body, False) for _, body in variants]
 
 
@@ -492,8 +493,7 @@ def _span(packets: list[tuple[bytes, float, float]]) -> float:
 def extract(data: bytes, isolated: bool, **options) -> media.AudioTrack | None:
     info = media.probe(data, LIMITS, DECODE)
     if isolated:
-        return frames_helper.isolated_audio(data, info, LIMITS, options.pop("timeout", 20),
-                                            **options)
+        return helper_decoder(**options).audio(data, info)
     return media.audio(data, info, LIMITS)
 
 
@@ -577,19 +577,39 @@ def test_an_audio_track_over_its_byte_budget_is_refused(isolated):
     """60 KB packets, 47 a second (2.8 MB/s, ten times AUDIO_BYTES_PER_S): 413 once the
     track passes audio_budget's bytes, with the helper alive for the next request."""
     data = _clip_with_audio(1.0, 1.0, pad=60_000)
-    killed = frames_helper.POOL.killed
+    killed = POOL.killed
     with pytest.raises(ImageTooLarge, match="audio holds more than"):
         extract(data, isolated)
-    assert frames_helper.POOL.killed == killed
+    assert POOL.killed == killed
     assert extract(clips.video_clip(0.5, fps=10), isolated) is not None
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_a_decoder_reads_with_its_own_limits_and_isolation(isolation):
+    """Probe, frames and audio follow the decoder's media limits (the app's settings, not
+    the defaults: the audio is cut one second after max_seconds), and ``thread`` reads all
+    three in this process, starting no helper."""
+    data = clips.video_clip(3.0, fps=10)
+    info = media.probe(data, LIMITS, DECODE)
+    decoder = Decoder(limits=DECODE, media=MediaLimits(max_seconds=1.0), isolation=isolation,
+                      timeout=20)
+    POOL.close()  # no idle helper: a read in one starts it
+    started = POOL.started
+    with pytest.raises(ImageTooLarge, match="at most 1 s"):
+        decoder.probe(data)
+    with pytest.raises(ImageTooLarge, match="more than 1 s"):
+        list(decoder.frames(data, info, size=32))
+    track = decoder.audio(data, info)
+    assert track is not None and _span(_audio_packets(track.data)) <= 2.0 + 0.1
+    assert (POOL.started == started) is (isolation == "thread")
 
 
 def test_an_audio_helper_past_its_time_is_killed():
     data = clips.video_clip(1.0, fps=10, container="webm")
-    killed = frames_helper.POOL.killed
+    killed = POOL.killed
     with pytest.raises(ImageTooLarge, match="audio took more than"):
         extract(data, True, timeout=0.0)
-    assert frames_helper.POOL.killed == killed + 1
+    assert POOL.killed == killed + 1
     assert extract(data, True) is not None  # a new helper answers the next
 
 
@@ -688,9 +708,9 @@ def test_hostile_audio_packets_give_a_track_or_a_clear_error(name):
     transcode, loses the packets its decoder refuses. The helper gives the same answers as
     this process and is never killed."""
     variants = AUDIO_CLASSES[name]()
-    killed = frames_helper.POOL.killed
+    killed = POOL.killed
     isolated = [_audio_outcome(body, True) for body in variants]
-    assert frames_helper.POOL.killed == killed
+    assert POOL.killed == killed
     assert isolated == [_audio_outcome(body, False) for body in variants]
     assert set(isolated) <= {"complete", "cut", "none", "BadImage", "ImageTooLarge"}, isolated
     if name.startswith("aac"):
@@ -707,10 +727,10 @@ def test_a_helper_whose_caller_is_gone_exits_quietly():
 
     data = clips.gif_from_photos(40, size=(96, 64))
     info = media.probe(data, LIMITS, DECODE)
-    header = json.dumps({"op": "frames", "limits": asdict(LIMITS), "decode": asdict(DECODE),
+    header = json.dumps({"op": "frames", "media": asdict(LIMITS), "decode": asdict(DECODE),
                          "info": asdict(info), "size": 64, "square": False,
-                         "memory": frames_helper.default_memory(DECODE, 64)}).encode()
-    helper = subprocess.Popen([sys.executable, "-m", "flask_animegan.inputs.frames_helper"],
+                         "memory": 256 << 20}).encode()
+    helper = subprocess.Popen([sys.executable, "-m", "flask_animegan.inputs.helper"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     assert helper.stdin is not None and helper.stdout is not None
@@ -729,8 +749,8 @@ def test_a_helper_whose_caller_is_gone_exits_quietly():
 
 
 @pytest.mark.parametrize("what", ["probe", "frames"])
-def test_a_frames_helper_that_got_no_cpu_blames_the_load_not_the_file(what):
-    """The photo helper's rule (isolation.STARVED_SHARE): a helper stopped outright
+def test_a_media_helper_that_got_no_cpu_blames_the_load_not_the_file(what):
+    """The one rule for every request (isolation.STARVED_SHARE): a helper stopped outright
     (SIGSTOP, as a busy machine starves it) past its timeout is a 503 to try again with
     Retry-After, not a 413 for the file; the next request gets a fresh helper."""
     import os
@@ -738,21 +758,20 @@ def test_a_frames_helper_that_got_no_cpu_blames_the_load_not_the_file(what):
 
     data = clips.video_clip(1, audio=False)
     info = media.probe(data, LIMITS, DECODE)
-    frames_helper.POOL.close()
-    frames_helper.POOL.prestart(1)
-    helper = frames_helper.POOL._idle[0]
+    POOL.close()
+    POOL.prestart(1)
+    helper = POOL._idle[0]
     os.kill(helper.process.pid, signal.SIGSTOP)
-    killed = frames_helper.POOL.killed
+    killed = POOL.killed
     try:
         with pytest.raises(Overloaded, match="too busy") as refused:
             if what == "probe":
-                frames_helper.isolated_probe(data, LIMITS, DECODE, timeout=1.0)
+                helper_decoder(timeout=1.0).probe(data)
             else:
-                list(frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=64,
-                                                   timeout_per_frame=1.0))
+                list(helper_decoder(timeout=1.0).frames(data, info, size=64))
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(helper.process.pid, signal.SIGCONT)
     assert refused.value.status == 503 and refused.value.retry_after >= 1
-    assert frames_helper.POOL.killed == killed + 1
+    assert POOL.killed == killed + 1
     assert len(probe_and_frames(data, True)[1]) == 10

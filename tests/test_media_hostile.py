@@ -1,5 +1,5 @@
 """Hostile animations and videos at the default limits (MediaLimits(), DecodeLimits()),
-through the isolated helper path (frames_helper.isolated_probe / isolated_frames) as the
+through the helper process (Decoder.probe / Decoder.frames) as the
 jobs use it: codec bombs (a few hundred kilobytes of solid-colour H.264 that decode to
 8000x8000 frames, a stream that changes its size in-band after a small header), frame
 counts the header understates or does not give, 100,000-frame GIFs, huge canvases, zero
@@ -24,8 +24,8 @@ import pytest
 from test_media import _webm_duration, _webp_canvas
 
 from flask_animegan.errors import BadImage, ConversionError, ImageTooLarge
-from flask_animegan.inputs import frames_helper
 from flask_animegan.inputs.decoding import DecodeLimits
+from flask_animegan.inputs.isolation import POOL, SLACK_BYTES, Decoder
 from flask_animegan.inputs.media import MediaLimits
 
 LIMITS, DECODE = MediaLimits(), DecodeLimits()
@@ -214,7 +214,7 @@ class PeakWatch:
                     command = cmdline.read()
             except (OSError, ValueError, IndexError):
                 continue
-            if parent == os.getpid() and b"frames_helper" in command:
+            if parent == os.getpid() and b"flask_animegan.inputs.helper" in command:
                 pids.append(int(entry))
         return pids
 
@@ -248,15 +248,14 @@ def report():
 def test_a_hostile_file_ends_in_a_clear_4xx_within_seconds(name):
     make, expected, message = BOMBS[name]
     data = make()
-    memory = frames_helper.default_memory(DECODE, SIZE)
-    frames_helper.POOL.close()  # a fresh helper: its peak is this file's
+    memory = DECODE.max_bytes + 3 * SIZE * SIZE + SLACK_BYTES
+    decoder = Decoder(limits=DECODE, media=LIMITS, timeout=BOUND_S)
+    POOL.close()  # a fresh helper: its peak is this file's
     started = time.monotonic()
     seen = 0
     with PeakWatch() as watch, pytest.raises(ConversionError) as caught:
-        info = frames_helper.isolated_probe(data, LIMITS, DECODE, timeout=BOUND_S)
-        for _ in frames_helper.isolated_frames(data, info, LIMITS, DECODE, size=SIZE,
-                                               timeout_per_frame=BOUND_S,
-                                               timeout_total=BOUND_S):
+        info = decoder.probe(data)
+        for _ in decoder.frames(data, info, size=SIZE, total_timeout=BOUND_S):
             seen += 1
     elapsed = time.monotonic() - started
     error = caught.value

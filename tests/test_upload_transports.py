@@ -37,10 +37,8 @@ from flask_animegan.errors import BadImage, ConversionError
 from flask_animegan.inputs.decoding import (
     DecodedUpload,
     DecodeLimits,
-    SampledUpload,
     decode_upload,
     fitted_size,
-    sample_upload,
 )
 
 MAX_SIDE = 64
@@ -143,32 +141,32 @@ def test_every_variant_converts_or_is_refused_clearly(storm, group, transport):
 
 
 @pytest.mark.parametrize("group", GROUPS)
-def test_every_variant_is_sampled_for_the_cache_or_refused_clearly(group):
-    """The cache's decode (statistics first; a JPEG decoded at its sampling DCT scale and
-    not fitted) of every variant, with the default limits: statistics and the same sizes
-    as the fit's, or a ConversionError with a 4xx status, never another exception; and a
-    file is refused by it exactly when the fitting decode refuses it as corrupt."""
+def test_every_variant_is_fitted_to_cover_or_refused_clearly(group):
+    """The cover fit (a face style's one decode) of every variant, with the default
+    limits: the size fitted_size says, or a ConversionError with a 4xx status, never
+    another exception; and a file is refused by it exactly when the long-side fit
+    refuses it as corrupt."""
     limits = DecodeLimits()
     wrong = []
     for variant in variants(group):
         size = MAX_SIDE if variant.cls in ("base", "special") else DERIVED_SIZE
-        outcomes = []
-        for decode in (sample_upload, decode_upload):
+        outcomes: list[DecodedUpload | ConversionError | None] = []
+        for cover in (True, False):
             try:
-                outcomes.append(decode(variant.body, limits, size=size))
+                outcomes.append(decode_upload(variant.body, limits, size=size, cover=cover))
             except ConversionError as exc:
                 outcomes.append(exc)
             except Exception as exc:  # noqa: BLE001 - the offence this test looks for
-                wrong.append(f"{variant.name}: {decode.__name__} raised {exc!r}"[:200])
+                wrong.append(f"{variant.name}: cover={cover} raised {exc!r}"[:200])
                 outcomes.append(None)
-        sampled, fitted = outcomes
-        if isinstance(sampled, ConversionError) and not 400 <= sampled.status < 500:
-            wrong.append(f"{variant.name}: status {sampled.status}")
-        if isinstance(sampled, BadImage) is not isinstance(fitted, BadImage):
-            wrong.append(f"{variant.name}: sampled {sampled!r:.80}, fitted {fitted!r:.80}")
-        if isinstance(sampled, SampledUpload) and isinstance(fitted, DecodedUpload):
-            if fitted_size(sampled.source_size, size) != fitted.image.size:
-                wrong.append(f"{variant.name}: sizes {sampled.source_size}, {fitted.image.size}")
+        covered, fitted = outcomes
+        if isinstance(covered, ConversionError) and not 400 <= covered.status < 500:
+            wrong.append(f"{variant.name}: status {covered.status}")
+        if isinstance(covered, BadImage) is not isinstance(fitted, BadImage):
+            wrong.append(f"{variant.name}: covered {covered!r:.80}, fitted {fitted!r:.80}")
+        if isinstance(covered, DecodedUpload) and isinstance(fitted, DecodedUpload):
+            if fitted_size(covered.source_size, size, cover=True) != covered.image.size:
+                wrong.append(f"{variant.name}: sizes {covered.source_size}, {covered.image.size}")
     assert wrong == [], "\n".join(wrong[:EXAMPLES * 3])
 
 

@@ -267,11 +267,11 @@ class Converter:
         encoders = _encoders()
         style = request.style
         writer, mimetype = encoders.writer_for(
-            info, lambda: self.decoder.audio(data, info,
-                                             self.audio_timeout or encoders.AUDIO_TIMEOUT_S),
+            info, lambda: self.decoder.audio(
+                data, info, timeout=self.audio_timeout or encoders.AUDIO_TIMEOUT_S),
             quality=self.quality)
         frames = self.decoder.frames(data, info, size=request.size, square=style.face,
-                                     timeout_total=timeout_total)
+                                     total_timeout=timeout_total)
         done = reused = 0
         first: Image.Image | None = None
         try:

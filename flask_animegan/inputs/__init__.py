@@ -1,3 +1,2 @@
-"""Uploads in, results out: decoding an untrusted upload into a :class:`~.decoding.DecodedUpload`
-(:mod:`.decoding`), in helper processes behind a gate (:mod:`.isolation`, :mod:`.helper`), and
-encoding results (:mod:`.formats`). Pillow and NumPy only: never torch nor Flask."""
+"""Untrusted bytes to pixels: stills (:mod:`.decoding`), animations and videos (:mod:`.media`),
+read in a helper process (:mod:`.helper`) by the :class:`~.isolation.Decoder`."""

@@ -1,43 +1,22 @@
-"""Decoding an untrusted upload into a small, upright RGB image, within stated budgets.
-
-:func:`decode_upload` returns a :class:`DecodedUpload`. Everything here needs only
-Pillow and NumPy (never torch nor Flask), because it also runs in the helper processes
-of :mod:`flask_animegan.inputs.helper`. The checks that cost nothing come first, from
-the file's header, before a pixel is decoded:
-
-* the format is one we accept (decided by content, not by name or Content-Type);
-* the area is within ``max_pixels`` and the aspect ratio within ``max_aspect``;
-* the memory the decode needs at its peak (:func:`decode_bytes_needed`: Pillow's storage
-  for the mode, the decoder's own buffers, every copy on the way to the fitted RGB image,
-  and what Pillow keeps of the file's metadata) is within ``max_bytes``;
-* a JPEG has at most ``max_scans`` scans (a progressive JPEG is decoded once per scan,
-  so repeating a scan a thousand times makes a 200 KB file cost a minute of CPU).
-
-Every other failure of the decoder, whatever Pillow raises, becomes :class:`BadImage`.
-
-Sizing rule (documented in the README): the output keeps the input's aspect ratio;
-its long side is ``min(input long side, size)``; each side is rounded to the nearest
-pixel and is at least 1. Face styles first crop the centre square (as upstream's
-``face2paint``), so their output is ``min(short side, size)`` square. Images are
-never upscaled.
-"""
+"""Untrusted upload bytes to a small, upright RGB picture, within stated budgets; what costs
+nothing (format, pixels, aspect, peak memory, JPEG scans) is checked from the header first.
+Pillow and NumPy only: it also runs in the helper process."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import re
 import struct
-import zlib
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
-from ..errors import BadImage, ImageTooLarge, UnsupportedImage
-from . import resample
-from .samples import SAMPLE_SIDE, Samples, describe, resampled, sample_reduction
+from ..errors import BadImage, ConversionError, ImageTooLarge, UnsupportedImage
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
@@ -49,43 +28,22 @@ _RGB_BYTES = 4
 
 
 #: A JPEG larger than the output is decoded at a reduced DCT scale no smaller than this
-#: many times the output (measured with the cache's earlier bench: 12-megapixel photos
-#: resized by 5 % shared a result 31 times in 40 at 1x, 38 at 3x, 40 without reduction;
-#: decoding one takes 21, 31 and 66 ms at 256 px).
+#: many times the output: closer, block-grid aliasing makes a resized copy look edited.
 DRAFT_MARGIN = 3
+#: Pillow's ``reducing_gap`` for every fit: a large reduction first averages whole blocks.
+REDUCING_GAP = 3.0
 
 
 @dataclass(frozen=True)
 class DecodedUpload:
-    """What a decode gives the rest of the service (and what a helper process sends back)."""
+    """A decode's result, here or from a helper process."""
 
-    #: The upright RGB image fitted to the requested size: what the network sees.
+    #: The upright RGB picture fitted to the requested size: what the network sees.
     image: Image.Image
-    #: The file's own width and height in pixels, after its EXIF orientation.
+    #: The file's own width and height, after its EXIF orientation.
     source_size: tuple[int, int]
-    #: The format found in the file's content: one of :data:`ACCEPTED_FORMATS`.
+    #: The format found in the content: one of :data:`ACCEPTED_FORMATS`.
     format: str
-    #: For a JPEG, a CRC-32 of its quantization tables and sampling factors: how it was
-    #: compressed. Two JPEGs with the same value were saved the same way (the same
-    #: quality, with the same encoder), so re-saving one as the other changes next to
-    #: nothing. 0 for any other format, or a JPEG whose tables cannot be read.
-    jpeg_tables: int = 0
-
-
-@dataclass(frozen=True)
-class SampledUpload:
-    """An upload as the cache compares it (:func:`sample_upload`; what a helper process
-    sends back for a ``sample`` request)."""
-
-    #: The statistics of the upright picture (its centre square for a face style)
-    #: resampled to SAMPLE_SIDE x SAMPLE_SIDE, whatever the output's size (.samples).
-    samples: Samples
-    source_size: tuple[int, int]  # as DecodedUpload's
-    format: str
-    jpeg_tables: int = 0
-    #: The same decode fitted to the output's size, for any format but JPEG; None for a
-    #: JPEG (decoded again with :func:`decode_upload` on a miss).
-    fitted: DecodedUpload | None = None
 
 
 @dataclass(frozen=True)
@@ -99,14 +57,11 @@ class DecodeLimits:
 
 
 # -- what a decode costs ------------------------------------------------------------------
-# Each term is a buffer alive at the decode's peak, on the path decode_upload takes:
-# the decoder's own buffers beside Pillow's image, then each conversion step with its
-# input and its output (the input is released as soon as its output exists), then the
-# resize. tests/test_decode_memory.py measures every path's peak in a fresh process
-# against this estimate.
+# Each term is a buffer alive at the decode's peak on decode_upload's path: the decoder's
+# own buffers, each conversion step's input and output, then the resize.
+# tests/test_decode_memory.py measures every path's peak against this estimate.
 
-#: Bytes Pillow keeps for each JPEG marker segment it reads before the first scan (a
-#: tuple in ``applist``; measured 80-100), so 1.5 M empty comments cost 150 MB.
+#: Bytes Pillow keeps for each JPEG marker segment it reads before the first scan.
 JPEG_SEGMENT_BYTES = 128
 #: libwebp's animation decoder (Pillow's only WebP reader) keeps two RGBA canvases of
 #: its own, the frame and the disposed previous frame, for as long as the file is open.
@@ -130,27 +85,21 @@ def storage_bytes(mode: str) -> int:
     return 4
 
 
-def decode_bytes_needed(image: ImageFile.ImageFile, *, kept: int, multi_scan: bool, size: int,
-                        square: bool, source_size: tuple[int, int],
-                        target: tuple[int, int] | None = None) -> int:
-    """The peak memory of decoding ``image`` (opened, not loaded; a JPEG after its draft)
-    into the fitted RGB image: the budget ``max_bytes`` applies to this.
-
-    ``kept``: what Pillow holds of the file beside the pixels; ``multi_scan``: a JPEG
-    whose coefficients libjpeg keeps (both from :func:`open_upload`). ``source_size``:
-    the file's own size (the coefficients are kept at full size). ``target``: resized to
-    this size instead of fitted to ``size`` (:func:`sample_upload`'s samples).
-    """
+def decode_bytes_needed(image: ImageFile.ImageFile, opened: OpenedUpload, *, size: int,
+                        square: bool, cover: bool, source_size: tuple[int, int]) -> int:
+    """The peak memory of decoding ``image`` (opened, a JPEG after its draft) into the
+    fitted RGB picture: what ``max_bytes`` limits."""
     width, height = image.size
     area = width * height
-    persistent, transient = _decoder_bytes(image, multi_scan, source_size)
+    kept = opened.kept
+    persistent, transient = _decoder_bytes(image, opened.multi_scan, source_size)
     to_rgb_bytes = area * _conversion_bytes_per_pixel(image)
     if image.mode.startswith("I") or image.mode == "F":
         to_rgb_bytes += _GRAY_BAND_BYTES
     icc = image.info.get("icc_profile")
     if icc and image.mode in _ICC_MODES:
         kept += _ICC_FIXED_BYTES + _ICC_PROFILE_COPIES * len(icc)
-    resize, out = _fit_bytes(width, height, size, square, source_size, target)
+    resize, out = _fit_bytes(width, height, size, square, cover, source_size)
     # Pillow's getexif reads EXIF, XMP, and a PNG's eXIf chunk, which may follow the pixels
     turn = out if image.format == "PNG" or {"exif", "xmp", "XML:com.adobe.xmp"} & set(
         image.info) else 0
@@ -168,7 +117,7 @@ def _decoder_bytes(image: ImageFile.ImageFile, multi_scan: bool,
     codec = image.tile[0][0] if image.tile else ""
     if image.format == "WEBP":
         # the canvases, then the frame handed over as bytes while Pillow copies it in;
-        # with alpha, 4 bytes a pixel more (measured: 20 a pixel in all, against 16)
+        # with alpha, 4 bytes a pixel more
         canvases = (_WEBP_CANVASES + (image.mode == "RGBA")) * 4 * width * height
         return canvases, 4 * width * height
     if image.format == "JPEG" and (multi_scan or image.info.get("progressive")):
@@ -232,27 +181,23 @@ def _conversion_bytes_per_pixel(image: Image.Image) -> int:
     return peak
 
 
-def _fit_bytes(width: int, height: int, size: int, square: bool,
-               source_size: tuple[int, int],
-               target: tuple[int, int] | None = None) -> tuple[int, int]:
-    """What :func:`fit` allocates (a crop, or Pillow's reduce, its horizontal pass, the
-    output, and what its bands add: :func:`.resample.band_bytes`) and the output's own
-    bytes."""
+def _fit_bytes(width: int, height: int, size: int, square: bool, cover: bool,
+               source_size: tuple[int, int]) -> tuple[int, int]:
+    """What :func:`fit` allocates (a crop, or Pillow's reduce, its horizontal pass and the
+    output) and the output's own bytes."""
     box_width, box_height = (min(width, height),) * 2 if square else (width, height)
     full = (min(source_size),) * 2 if square else source_size
-    target_width, target_height = target or output_size(*full, size)
+    target_width, target_height = output_size(*full, size, cover=cover)
     out = _RGB_BYTES * target_width * target_height
     if (target_width, target_height) == (box_width, box_height):
         return out if square else 0, out
-    bands = resample.band_bytes((box_width, box_height), (target_width, target_height),
-                                _RGB_BYTES)
-    factor_x = int(box_width / target_width / resample.REDUCING_GAP) or 1
-    factor_y = int(box_height / target_height / resample.REDUCING_GAP) or 1
+    factor_x = int(box_width / target_width / REDUCING_GAP) or 1
+    factor_y = int(box_height / target_height / REDUCING_GAP) or 1
     reduced = 0
     if factor_x > 1 or factor_y > 1:
         box_width, box_height = -(-box_width // factor_x), -(-box_height // factor_y)
         reduced = box_width * box_height
-    return _RGB_BYTES * (reduced + target_width * box_height) + out + bands, out
+    return _RGB_BYTES * (reduced + target_width * box_height) + out, out
 
 
 # -- JPEG scans ----------------------------------------------------------------------
@@ -280,12 +225,8 @@ class JpegLayout:
 
 
 def jpeg_layout(data: bytes) -> JpegLayout:
-    """Walk the segments of the JPEG in ``data`` (no decoding, no copies).
-
-    Segments are skipped by their length fields and entropy-coded data up to its next
-    marker, so bytes inside EXIF blocks or thumbnails are not counted. A truncated file
-    counts what was seen so far.
-    """
+    """Walk the segments of the JPEG in ``data`` without decoding, skipping by length fields
+    and entropy-coded data to its next marker (a truncated file counts what was seen)."""
     scans = segments = payload = 0
     pos, end = 2, len(data)
     while pos + 4 <= end:
@@ -438,7 +379,7 @@ def png_kept_bytes(data: bytes) -> int:
 
 
 #: A GIF's first frame may leave part of its screen empty, but not most of a large one:
-#: Pillow allocates the whole screen, so a 29-byte file could cost 200 MB.
+#: Pillow allocates the whole screen, so a tiny file could cost hundreds of megabytes.
 GIF_EMPTY_SCREEN_PIXELS = 1_000_000
 
 
@@ -457,151 +398,62 @@ def _check_gif_frame(image: ImageFile.ImageFile) -> None:
                             f"{x1 - x0}x{y1 - y0}; save it again without the empty screen")
 
 
-def decode_upload(data: bytes, limits: DecodeLimits, *, size: int,
-                  square: bool = False) -> DecodedUpload:
-    """Decode an upload into an upright RGB image fitted to ``size`` (see :func:`fit`).
-
-    JPEGs are decoded with Pillow's ``draft`` at the smallest DCT scale that still gives
-    :data:`DRAFT_MARGIN` times the output's size (a scale just above the output leaves
-    block-grid aliasing that makes a 5 % resized copy of a 12-megapixel photo differ from
-    it, locally, like an edit; Lanczos removes it over a 3x reduction). Raises BadImage
-    (400), ImageTooLarge (413) or UnsupportedImage (415) with a message fit for the
-    person who sent the file.
-    """
-    fitted, _ = _decode(data, limits, size=size, square=square, side=0)
-    assert fitted is not None
-    return fitted
-
-
-def sample_upload(data: bytes, limits: DecodeLimits, *, size: int,
-                  square: bool = False) -> SampledUpload:
-    """Decode an upload as the cache compares it (:class:`SampledUpload`): the statistics
-    (:mod:`.samples`) of the upright picture (its centre square if ``square``) reduced by
-    :func:`.samples.sample_reduction` and resampled to SAMPLE_SIDE x SAMPLE_SIDE, whatever
-    the output's ``size``.
-
-    A JPEG is reduced by its DCT scaling as it is decoded, and not fitted: a cache hit
-    needs no fit, and on a miss a second decode of a JPEG costs less than the fit would
-    on every hit. Any other format is also fitted to
-    ``size`` from the same decode (its ``fitted``), since decoding it again would cost
-    more. Raises as :func:`decode_upload`.
-    """
-    fitted, sampled = _decode(data, limits, size=size, square=square, side=SAMPLE_SIDE)
-    assert sampled is not None
-    return replace(sampled, fitted=fitted)
-
-
-def _decode(data: bytes, limits: DecodeLimits, *, size: int, square: bool,
-            side: int) -> tuple[DecodedUpload | None, SampledUpload | None]:
-    """The upload fitted to ``size`` (unless ``side`` and a JPEG) and, if ``side``, its
-    samples."""
-    opened, needed, source_size = _open_and_plan(data, limits, size, square, side)
+def decode_upload(data: bytes, limits: DecodeLimits, *, size: int, square: bool = False,
+                  cover: bool = False) -> DecodedUpload:
+    """``data`` decoded, upright and fitted (see :func:`fit`); raises BadImage (400),
+    ImageTooLarge (413) or UnsupportedImage (415) with a message for the sender."""
+    opened, needed, source_size = _open_and_plan(data, limits, size, square, cover)
     image = opened.image
     fmt = image.format
     width, height = source_size
-    fits = not side or fmt != "JPEG"
-    try:
+    with failures("the image", lambda exc: _corrupt(fmt, exc)):
         if needed > limits.max_bytes:
             raise ImageTooLarge(
                 f"decoding this {width}x{height} {image.mode} {fmt} image needs "
                 f"{needed >> 20} MiB; the limit is {limits.max_bytes >> 20} MiB. Send a "
                 "smaller image (fewer pixels or 8 bits per channel)")
         orientation = _orientation(image)
-        tables = jpeg_tables(image)
         image.load()  # the first frame of an animation
         rgb = _to_rgb(image, release=True)
         del image, opened  # and with them the decoder's own buffers (libwebp's canvases)
-        sampled = None
-        if side:
-            # a JPEG was reduced by its DCT scaling; any other picture is reduced alike
-            factor = sample_reduction(source_size, side) if fits else 1
-            reduced = rgb.reduce(factor) if factor > 1 else rgb
-            sampled = resampled(reduced, _centre_square(reduced.size) if square else None)
-            del reduced
-        fitted = fit(rgb, size, square=square, source_size=source_size) if fits else None
+        fitted = fit(rgb, size, square=square, cover=cover, source_size=source_size)
         del rgb
         if orientation in _TRANSPOSE:
-            turn = _TRANSPOSE[orientation]
-            fitted = fitted.transpose(turn) if fitted is not None else None
-            sampled = sampled.transpose(turn) if sampled is not None else None
+            fitted = fitted.transpose(_TRANSPOSE[orientation])
         if orientation in _TURNS:
             width, height = height, width
-        facts = ((width, height), cast(str, fmt), tables)
-        return (DecodedUpload(fitted, *facts) if fitted is not None else None,
-                SampledUpload(describe(sampled), *facts) if sampled is not None else None)
-    except (ImageTooLarge, BadImage, UnsupportedImage):
-        raise
-    except MemoryError:
-        raise ImageTooLarge("the image needs more memory to decode than this server allows; "
-                            "send a smaller image") from None
-    except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt data
-        raise _corrupt(fmt, exc) from None
+        return DecodedUpload(fitted, (width, height), cast(str, fmt))
 
 
-def decode_cost(data: bytes, *, size: int, square: bool = False,
-                limits: DecodeLimits | None = None, sample: bool = False) -> int:
-    """The peak memory :func:`decode_upload` (with ``sample``, :func:`sample_upload`) would
-    count for ``data`` (the figure held against ``max_bytes``); no pixel is decoded. For
-    tests and tools."""
+def decode_cost(data: bytes, *, size: int, square: bool = False, cover: bool = False,
+                limits: DecodeLimits | None = None) -> int:
+    """The peak memory :func:`decode_upload` counts for ``data``, without decoding a pixel
+    (for tests and tools)."""
     limits = limits or DecodeLimits(max_pixels=10**12, max_bytes=1 << 62,
                                     max_aspect=1e9, max_scans=10**9)
-    return _open_and_plan(data, limits, size, square, SAMPLE_SIDE if sample else 0)[1]
+    return _open_and_plan(data, limits, size, square, cover)[1]
 
 
 def _open_and_plan(data: bytes, limits: DecodeLimits, size: int, square: bool,
-                   side: int = 0) -> tuple[OpenedUpload, int, tuple[int, int]]:
+                   cover: bool) -> tuple[OpenedUpload, int, tuple[int, int]]:
     """The opened upload (a large JPEG set to its reduced DCT scale), its peak memory
-    and the file's own size. ``side``: for :func:`sample_upload`'s samples of ``side``
-    (a JPEG is then decoded for them alone)."""
+    and the file's own size."""
+    if square and cover:
+        raise ValueError("a fit is square or covers the size, not both")
     opened = open_upload(data, limits)
     image = opened.image
     source_size = width, height = image.size
     try:
-        samples_only = side and image.format == "JPEG"
-        if samples_only:
-            factor = sample_reduction(source_size, side)
-            if factor > 1:
-                image.draft("RGB", (width // factor, height // factor))
-        elif image.format == "JPEG":
-            scale = DRAFT_MARGIN * size / (min(width, height) if square else max(width, height))
+        if image.format == "JPEG":
+            short = square or cover
+            scale = DRAFT_MARGIN * size / (min(width, height) if short else max(width, height))
             if scale < 1:
                 image.draft("RGB", (math.ceil(width * scale), math.ceil(height * scale)))
-
-        def peak(target: tuple[int, int] | None = None) -> int:
-            return decode_bytes_needed(image, kept=opened.kept, multi_scan=opened.multi_scan,
-                                       size=size, square=square, source_size=source_size,
-                                       target=target)
-
-        if not side:
-            needed = peak()
-        elif samples_only:  # the drafted picture resampled, as a fit to (side, side) is
-            needed = peak((side, side))
-        else:  # the samples from a reduced copy, then the fit beside them
-            needed = max(peak() + _RGB_BYTES * side * side,
-                         _sampling_bytes(image.size, side, square) + opened.kept)
-        if side:  # the samples' statistics (describe), once the decode is let go
-            needed = max(needed, _describe_bytes(side) + opened.kept)
+        needed = decode_bytes_needed(image, opened, size=size, square=square, cover=cover,
+                                     source_size=source_size)
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt data
         raise _corrupt(image.format, exc) from None
     return opened, needed, source_size
-
-
-def _sampling_bytes(size: tuple[int, int], side: int, square: bool) -> int:
-    """What taking the samples of a decoded RGB picture of ``size`` holds at its peak: the
-    picture, its reduced copy, and the resize from that (see :func:`_fit_bytes`)."""
-    factor = sample_reduction(size, side)
-    width, height = size
-    reduced = (-(-width // factor), -(-height // factor)) if factor > 1 else size
-    copy = reduced[0] * reduced[1] if factor > 1 else 0
-    resize, _ = _fit_bytes(*reduced, side, square, reduced, (side, side))
-    return _RGB_BYTES * (width * height + copy) + resize
-
-
-def _describe_bytes(side: int) -> int:
-    """What :func:`.samples.describe` holds at its peak for samples of ``side``: the samples
-    and their YCbCr copy (4 bytes a pixel each), the luma as bytes and its squares (3), and
-    the half-size copy as floats (a quarter of 12 bytes)."""
-    return (4 + 4 + 3 + 3) * side * side
 
 
 def _centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
@@ -612,27 +464,28 @@ def _centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
     return left, top, left + side, top + side
 
 
-def fitted_size(source_size: tuple[int, int], size: int, square: bool = False) -> tuple[int, int]:
-    """The size of the fitted image :func:`decode_upload` makes of an upload whose
-    ``source_size`` (a DecodedUpload's or SampledUpload's) it gives, without a decode."""
+def fitted_size(source_size: tuple[int, int], size: int, square: bool = False,
+                cover: bool = False) -> tuple[int, int]:
+    """The size :func:`decode_upload` fits an upload of ``source_size`` to."""
     width, height = source_size
     if square:
         width = height = min(width, height)
-    return output_size(width, height, size)
+    return output_size(width, height, size, cover=cover)
 
 
-def jpeg_tables(image: Image.Image) -> int:
-    """A CRC-32 of a JPEG's quantization tables and its components' sampling factors,
-    read from the header; 0 for another format or tables that are missing or malformed."""
-    tables = getattr(image, "quantization", None) if image.format == "JPEG" else None
-    if not isinstance(tables, dict) or not tables:
-        return 0
+@contextlib.contextmanager
+def failures(what: str, corrupt: Callable[[BaseException], BadImage]) -> Iterator[None]:
+    """Whatever a decoder raises inside becomes a ConversionError: running out of memory
+    a 413 for ``what``, anything else ``corrupt(exc)`` (Pillow and FFmpeg raise many types)."""
     try:
-        described = repr((sorted((int(k), [int(v) for v in t]) for k, t in tables.items()),
-                          [tuple(layer) for layer in getattr(image, "layer", [])]))
-    except (TypeError, ValueError):
-        return 0
-    return zlib.crc32(described.encode())
+        yield
+    except ConversionError:
+        raise
+    except MemoryError:
+        raise ImageTooLarge(f"{what} needs more memory to decode than this server allows; "
+                            "send a smaller one") from None
+    except Exception as exc:  # noqa: BLE001
+        raise corrupt(exc) from None
 
 
 def _corrupt(fmt: str | None, exc: BaseException, hint: str = ACCEPTED_HINT) -> BadImage:
@@ -674,12 +527,9 @@ _SRGB = ImageCms.createProfile("sRGB")
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Any mode (1, L, LA, P, RGBA, CMYK, I;16, I, F, ...) to RGB in sRGB, alpha over white.
-
-    High-bit-depth and float images are brought to 8 bits a band of rows at a time:
-    16-bit samples keep their top byte, other integer and float images are scaled by
-    their range (floats within [0, 1] by 255). ``image`` itself is left as it was.
-    """
+    """Any mode to RGB in sRGB, alpha over white; high-bit-depth and float pictures are brought
+    to 8 bits a band of rows at a time (16-bit samples keep their top byte, others are scaled
+    by their range). ``image`` itself is left as it was."""
     return _to_rgb(image, release=False)
 
 
@@ -772,29 +622,25 @@ def _band_to_8bit(array: np.ndarray, sixteen: bool, low: float,
 
 
 # -- size ------------------------------------------------------------------------------
-def output_size(width: int, height: int, size: int) -> tuple[int, int]:
-    """The output dimensions for an input of ``width`` x ``height`` (see the module doc)."""
-    scale = min(1.0, size / max(width, height))
+def output_size(width: int, height: int, size: int, *, cover: bool = False) -> tuple[int, int]:
+    """The fitted size of ``width`` x ``height``: the long side (with ``cover``, the short
+    side) at most ``size``, the aspect kept, each side rounded and at least 1."""
+    scale = min(1.0, size / (min(width, height) if cover else max(width, height)))
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def fit(image: Image.Image, size: int, square: bool = False,
+def fit(image: Image.Image, size: int, square: bool = False, cover: bool = False,
         source_size: tuple[int, int] | None = None) -> Image.Image:
-    """Crop the centre square if ``square``, then downscale so the long side is <= ``size``.
-
-    ``source_size``: the file's full dimensions when ``image`` was decoded at a reduced
-    scale (JPEG draft), so the output size follows the sizing rule exactly. (The rule
-    is symmetric in width and height, so a later 90-degree turn does not change it.)
-    """
+    """The centre square if ``square``, downscaled by :func:`output_size`. ``source_size``:
+    the file's size when ``image`` was decoded reduced (a JPEG draft), so the result is the
+    same as from the full picture."""
     full_width, full_height = source_size or image.size
-    width, height = image.size
-    box = (0, 0, width, height)
+    box = (0, 0, image.width, image.height)
     if square:
         box = _centre_square(image.size)
         full_width = full_height = min(full_width, full_height)
-    target = output_size(full_width, full_height, size)
+    target = output_size(full_width, full_height, size, cover=cover)
     if target == (box[2] - box[0], box[3] - box[1]):
         return image.crop(box) if square else image
     # the square as the resize's box: no full-size copy of the crop
-    return resample.resize(image, target, box)
-
+    return image.resize(target, Image.Resampling.LANCZOS, box=box, reducing_gap=REDUCING_GAP)

@@ -1,122 +1,167 @@
-"""A helper process that decodes uploads for :mod:`flask_animegan.inputs.isolation`.
-
-Run as ``python -m flask_animegan.inputs.helper``; it imports Pillow and NumPy only.
-It reads requests from stdin and writes answers to stdout, one at a time:
-
-* request: ``>II`` (header length, data length), a JSON header
-  (``size``, ``square``, ``limits``, ``memory``, and ``sample``: true for what the cache
-  compares), then the file's bytes;
-* answer: ``>II`` (header length, payload length), a JSON header, then RGB pixels.
-  Without ``sample``: the fitted image's; the header is ``ok: true``, its ``width`` and
-  ``height``, and every other field of
-  :class:`~flask_animegan.inputs.decoding.DecodedUpload` (:func:`answer_of` and
-  :func:`upload_of` are the two ends). With ``sample``
-  (:func:`~flask_animegan.inputs.decoding.sample_upload`): the statistics
-  (:meth:`.samples.Samples.to_bytes`), then the pixels of the fitted image if there is one
-  (``width`` and ``height`` 0 if not), and the other fields of
-  :class:`~flask_animegan.inputs.decoding.SampledUpload` (:func:`answer_of_sampled`
-  and :func:`sampled_of`). Or ``ok: false`` with ``error`` (the exception's class name)
-  and ``message``.
-
-Each decode runs under an address-space limit of ``memory`` bytes above what the
-process already uses, so a file that needs more fails here, not in the server. The
-server kills a helper that takes too long and starts another. It exits when stdin
-closes (its server is gone).
-"""
+"""The helper program that reads untrusted files (``python -m flask_animegan.inputs.helper``):
+decode, probe, frames and audio requests from stdin, each under an address-space limit.
+Wire format both ways: ``>II`` (JSON header length, payload length), header, payload."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import mmap
+import os
+import resource
+import struct
+import sys
 import warnings
-from dataclasses import fields
+from collections.abc import Iterator
+from dataclasses import asdict
 from typing import Any, BinaryIO
 
-from PIL import Image
-
 from ..errors import BadImage, ConversionError, ImageTooLarge
-from .decoding import DecodedUpload, DecodeLimits, SampledUpload, decode_upload, sample_upload
-from .samples import BYTES as STATISTICS_BYTES
-from .samples import Samples
-from .helper_process import FRAME, address_space_limit, read_exact, serve, write_answer
+from ..process import configure_decoding
+from . import media
+from .decoding import DecodeLimits, decode_upload
+from .media import MediaInfo, MediaLimits
 
-__all__ = ["FRAME", "MODULE", "NICENESS", "answer_of", "answer_of_sampled", "read_exact",
-           "sampled_of", "upload_of"]
-
-#: What :class:`~.helper_process.HelperProcess` runs for photos.
 MODULE = "flask_animegan.inputs.helper"
-#: Helpers run at a lower CPU priority than the server: a flood of slow decodes then takes
-#: only the CPU that the server's own threads (/healthz, the pages, inference) leave.
+FRAME = struct.Struct(">II")
+#: Helpers run below the server's CPU priority: a flood of slow files then takes only the
+#: CPU that the server's own threads (/healthz, the pages, inference) leave.
 NICENESS = 10
-#: The fields of a DecodedUpload that travel in the JSON header (the image is the payload).
-_FIELDS = tuple(field.name for field in fields(DecodedUpload) if field.name != "image")
+#: What a request may need beside its decode budget: FFmpeg's probe buffers, Pillow's
+#: header, the interpreter's slack.
+PROBE_BYTES = 32 << 20
 
 
-def answer_of(decoded: DecodedUpload) -> tuple[dict[str, Any], bytes]:
-    """A successful decode as the helper sends it: the JSON header and the pixels."""
-    header = {"ok": True, "width": decoded.image.width, "height": decoded.image.height}
-    header.update({name: getattr(decoded, name) for name in _FIELDS})
-    return header, decoded.image.tobytes()
+def read_exact(stream: BinaryIO, count: int) -> bytes | None:
+    """``count`` bytes from ``stream``, or None at end of file."""
+    chunks, remaining = [], count
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
 
 
-def upload_of(header: dict[str, Any], pixels: bytes) -> DecodedUpload:
-    """The DecodedUpload a successful answer carries (JSON's lists become tuples again)."""
-    image = Image.frombytes("RGB", (int(header["width"]), int(header["height"])), pixels)
-    values: dict[str, Any] = {name: header[name] for name in _FIELDS}
-    values.update({name: tuple(value) for name, value in values.items()
-                   if isinstance(value, list)})
-    return DecodedUpload(image=image, **values)
+def write_message(out: BinaryIO, header: dict[str, Any], payload: bytes = b"") -> None:
+    head = json.dumps(header).encode()
+    out.write(FRAME.pack(len(head), len(payload)) + head)
+    out.write(payload)
+    out.flush()
 
 
-def answer_of_sampled(sampled: SampledUpload) -> tuple[dict[str, Any], bytes]:
-    """A successful ``sample`` request as the helper sends it: the JSON header, then the
-    statistics and the fitted image's pixels, if any."""
-    fitted = sampled.fitted
-    header = {"ok": True, "width": fitted.image.width if fitted else 0,
-              "height": fitted.image.height if fitted else 0}
-    header.update({name: getattr(sampled, name) for name in _FIELDS})
-    statistics = sampled.samples.to_bytes()
-    return header, statistics + fitted.image.tobytes() if fitted else statistics
+@contextlib.contextmanager
+def address_space_limit(memory: int) -> Iterator[None]:
+    """RLIMIT_AS at ``memory`` bytes above what this process holds now (never above the
+    hard limit), restored afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as statm:
+        cap = int(statm.read().split()[0]) * resource.getpagesize() + int(memory)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def sampled_of(header: dict[str, Any], pixels: bytes) -> SampledUpload:
-    """The SampledUpload a successful ``sample`` answer carries."""
-    samples = Samples.from_bytes(pixels[:STATISTICS_BYTES])
-    fitted = upload_of(header, pixels[STATISTICS_BYTES:]) if header["width"] else None
-    values = {name: getattr(fitted, name) if fitted else header[name] for name in _FIELDS}
-    if fitted is None:
-        values.update({name: tuple(value) for name, value in values.items()
-                       if isinstance(value, list)})
-    return SampledUpload(samples, fitted=fitted, **values)
+def error_of(exc: BaseException) -> dict[str, Any]:
+    """The answer for a request that failed with ``exc``."""
+    if isinstance(exc, ConversionError):
+        return {"ok": False, "error": exc.__class__.__name__, "message": str(exc)}
+    if isinstance(exc, MemoryError):
+        return {"ok": False, "error": ImageTooLarge.__name__,
+                "message": "the file needs more memory to decode than this server allows; "
+                           "send a smaller one"}
+    return {"ok": False, "error": BadImage.__name__,
+            "message": f"the file cannot be decoded ({exc.__class__.__name__})"}
 
 
-def _decode(request: dict[str, Any], data: bytes) -> tuple[dict[str, Any], bytes]:
+def _out_of_reach(count: int) -> bool:
+    """Whether ``count`` more bytes of address space are out of reach (an anonymous map
+    counts against RLIMIT_AS without touching a page)."""
+    try:
+        mmap.mmap(-1, max(1, count)).close()
+    except (OSError, MemoryError, ValueError):
+        return True
+    return False
+
+
+def _run(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
+    decode, limits = DecodeLimits(**request["decode"]), MediaLimits(**request["media"])
+    op = request["op"]
+    if op == "decode":
+        decoded = decode_upload(data, decode, size=int(request["size"]),
+                                square=bool(request["square"]), cover=bool(request["cover"]))
+        write_message(out, {"ok": True, "width": decoded.image.width,
+                            "height": decoded.image.height, "source_size": decoded.source_size,
+                            "format": decoded.format}, decoded.image.tobytes())
+    elif op == "probe":
+        write_message(out, {"ok": True, "info": asdict(media.probe(data, limits, decode))})
+    elif op == "audio":
+        track = media.audio(data, MediaInfo(**request["info"]), limits)
+        head = None if track is None else {"codec": track.codec, "transcoded": track.transcoded,
+                                           "complete": track.complete}
+        write_message(out, {"ok": True, "audio": head}, track.data if track else b"")
+    else:
+        for frame in media.frames(data, MediaInfo(**request["info"]), limits, decode,
+                                  size=int(request["size"]), square=bool(request["square"])):
+            head = {"index": frame.index, "width": frame.image.width,
+                    "height": frame.image.height, "duration_ms": frame.duration_ms,
+                    "disposal": frame.disposal, "pts": frame.pts}
+            write_message(out, {"ok": True, "more": True, "frame": head},
+                          frame.image.tobytes())
+        write_message(out, {"ok": True})
+
+
+def answer(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
+    """Answer one request under its address-space limit, never raising for a file: every
+    message has ``ok``, all but the last ``more``; an error (``ok`` false, ``error``,
+    ``message``) is the last."""
     try:
         with address_space_limit(int(request["memory"])), warnings.catch_warnings():
-            # Pillow's complaints about hostile files ("Corrupt EXIF data", ...)
-            # would fill the server's log; the bomb warning stays an error.
+            # Pillow's complaints about hostile files would fill the server's log; the
+            # bomb warning stays an error
             warnings.simplefilter("ignore", UserWarning)
-            limits = DecodeLimits(**request["limits"])
-            size, square = int(request["size"]), bool(request["square"])
-            answer = (answer_of_sampled(sample_upload(data, limits, size=size, square=square))
-                      if request.get("sample") else
-                      answer_of(decode_upload(data, limits, size=size, square=square)))
-    except ConversionError as exc:
-        return {"ok": False, "error": exc.__class__.__name__, "message": str(exc)}, b""
-    except MemoryError:
-        return {"ok": False, "error": ImageTooLarge.__name__,
-                "message": "the image needs more memory to decode than this server allows; "
-                           "send a smaller image"}, b""
+            try:
+                _run(out, request, data)
+            except BadImage as exc:
+                # FFmpeg reports a failed allocation as corrupt data: if the decode's own
+                # estimate no longer fits under the limit, it was the memory
+                need = PROBE_BYTES
+                if request["op"] == "frames":
+                    need = media.frame_bytes_needed(MediaInfo(**request["info"]))
+                write_message(out, error_of(MemoryError() if _out_of_reach(need) else exc))
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # noqa: BLE001 - never die on a file
-        return {"ok": False, "error": BadImage.__name__,
-                "message": f"the file cannot be decoded ({exc.__class__.__name__})"}, b""
-    return answer
-
-
-def _answer(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
-    write_answer(out, *_decode(request, data))
+        write_message(out, error_of(exc))
 
 
 def main() -> None:
-    serve(_answer, niceness=NICENESS)
+    """Serve requests until stdin closes (the server is gone)."""
+    os.nice(NICENESS)
+    configure_decoding()
+    # answers go to the original stdout; anything a library prints goes to stderr
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    stdin = sys.stdin.buffer
+    while True:
+        frame = read_exact(stdin, FRAME.size)
+        if frame is None:
+            return
+        head_len, data_len = FRAME.unpack(frame)
+        head, data = read_exact(stdin, head_len), read_exact(stdin, data_len)
+        if head is None or data is None:
+            return
+        try:
+            answer(out, json.loads(head), data)
+        except BrokenPipeError:
+            # the caller stopped reading: nothing is left to answer, and no traceback
+            # for its log (nor a flush at exit) is wanted
+            os._exit(0)
 
 
 if __name__ == "__main__":

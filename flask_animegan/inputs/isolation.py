@@ -1,29 +1,27 @@
-"""Where uploads are decoded: a gate that bounds how many at once, and helper processes.
-
-Decoding runs before the model's queue and can cost as much as a conversion (a
-progressive JPEG is decoded once per scan; a small PNG can inflate to gigabytes).
-So every decode passes a :class:`DecodeGate`: at most ``slots`` at once per process
-(one per core), at most ``max_queue`` more waiting, for at most ``queue_timeout``
-seconds; the rest get 503 with Retry-After, as the model's queue does.
-
-With ``ANIMEGAN_DECODE_ISOLATION = "process"`` (the default) the decode itself runs in
-a helper process (:mod:`flask_animegan.inputs.helper`) with an address-space limit;
-one that runs past ``ANIMEGAN_DECODE_TIMEOUT`` is killed, so a pathological file costs
-at most that many seconds of one core and never the server's memory. ``"thread"``
-decodes in the server process, with the same gate and header checks but no hard
-time or memory limit.
-"""
+"""Reading untrusted files for an app (:class:`Decoder`): in a helper process under time and
+memory limits (``ANIMEGAN_DECODE_ISOLATION = "process"``) or in this thread; still decodes
+also pass a Gate shared by the process."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
+import json
 import math
+import os
+import select
+import signal
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 from ..config import (
     DECODE_TIMEOUT,
@@ -33,188 +31,329 @@ from ..config import (
     Settings,
     media_limits,
 )
-from ..errors import (
-    BadImage,
-    ConversionError,
-    ImageTooLarge,
-    Overloaded,
-    UnsupportedImage,
-)
+from ..errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
+from ..runtime.gate import Gate
 from . import decoding, media
+from .decoding import DecodedUpload, DecodeLimits
+from .helper import FRAME, MODULE, PROBE_BYTES
 from .media import AudioTrack, Frame, MediaInfo, MediaLimits
-from .decoding import DecodedUpload, DecodeLimits, SampledUpload
-from .helper import MODULE, sampled_of, upload_of
-from .samples import BYTES as STATISTICS_BYTES
-from .helper_process import STARVED_SHARE, HelperPool
 
-__all__ = ["STARVED_SHARE", "DecodeGate", "Decoder", "HelperPool", "shared_gate"]
 _ERRORS: dict[str, type[ConversionError]] = {
     cls.__name__: cls for cls in (BadImage, ImageTooLarge, UnsupportedImage)}
+#: A request that runs past its timeout having had less than this share of it in CPU
+#: time was starved by the load (503, try again), not slow by itself (413, another file).
+STARVED_SHARE = 0.5
+#: Address space a helper may take beside the decode budget: FFmpeg's and Python's slack.
+SLACK_BYTES = 96 << 20
+#: The size asked for each pipe to and from a helper (Linux's most by default).
+PIPE_BYTES = 1 << 20
 
 
-class DecodeGate:
-    """At most ``slots`` decodes at once in this process; a bounded, timed wait for the rest."""
+class HelperProcess:
+    """One helper process, owned by the process that started it (a copy inherited across
+    a fork is never used nor killed by the child)."""
 
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
-        self._free = threading.Semaphore(slots)
-        self._lock = threading.Lock()
-        self._pending = 0
-        self._seconds_per_decode = 0.2
+    def __init__(self, module: str = MODULE) -> None:
+        env = dict(os.environ)
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_parent,
+                                                          env.get("PYTHONPATH"))))
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = "1"
+        self.owner = os.getpid()
+        self.process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, env=env, bufsize=0)
+        for stream in (self.process.stdin, self.process.stdout):
+            # an upload or an answer in one go, not in 64 KiB turns (Linux only)
+            with contextlib.suppress(AttributeError, OSError):
+                fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)  # type: ignore[union-attr]
 
-    @contextlib.contextmanager
-    def slot(self, max_queue: int, queue_timeout: float) -> Iterator[None]:
-        with self._lock:
-            if self._pending >= self.slots + max_queue:
-                raise Overloaded("the server is busy reading other uploads; try again in "
-                                 f"{self.retry_after()} s", self.retry_after())
-            self._pending += 1
+    def send(self, header: dict[str, Any], data: bytes) -> None:
+        head = json.dumps(header).encode()
+        assert self.process.stdin is not None  # stdin=PIPE
+        self.process.stdin.write(FRAME.pack(len(head), len(data)) + head)
+        self.process.stdin.write(data)
+
+    def receive(self, deadline: float) -> tuple[dict[str, Any], bytes]:
+        """One answer by ``deadline`` (monotonic) or TimeoutError; EOFError if it exited."""
+        head_len, payload_len = FRAME.unpack(self._read(FRAME.size, deadline))
+        return json.loads(self._read(head_len, deadline)), self._read(payload_len, deadline)
+
+    def request(self, header: dict[str, Any], data: bytes,
+                timeout: float) -> tuple[dict[str, Any], bytes]:
+        """Send one request and wait at most ``timeout`` s for its (first) answer."""
+        self.send(header, data)
+        return self.receive(time.monotonic() + timeout)
+
+    def _read(self, count: int, deadline: float) -> bytes:
+        assert self.process.stdout is not None  # stdout=PIPE
+        fd = self.process.stdout.fileno()
+        chunks, remaining = [], count
+        while remaining:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                raise EOFError("the helper exited")
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time the helper has used so far (None where /proc cannot say)."""
         try:
-            if not self._free.acquire(timeout=queue_timeout):
-                raise Overloaded("timed out waiting to read the upload; try again in "
-                                 f"{self.retry_after()} s", self.retry_after())
-            started = time.perf_counter()
-            try:
-                yield
-            finally:
-                self._free.release()
-                elapsed = time.perf_counter() - started
-                self._seconds_per_decode = 0.8 * self._seconds_per_decode + 0.2 * elapsed
-        finally:
-            with self._lock:
-                self._pending -= 1
+            with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
 
-    def retry_after(self) -> int:
-        return max(1, math.ceil(self._seconds_per_decode * max(1, self._pending) / self.slots))
+    def crashed(self) -> bool:
+        """Whether the helper ended by a signal other than a kill (the kernel's OOM killer
+        sends SIGKILL; a decoder that crashes, SIGSEGV or SIGABRT)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(1)
+        code = self.process.returncode
+        return code is not None and code < 0 and -code != signal.SIGKILL
 
-    @property
-    def pending(self) -> int:
-        return self._pending
+    def kill(self) -> None:
+        if self.owner != os.getpid():
+            return  # inherited across a fork: the parent's, not ours to kill
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            self.process.wait(5)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
 
 
-_POOL = HelperPool(MODULE)
-atexit.register(_POOL.close)
-_GATES: dict[int, DecodeGate] = {}
+class HelperPool:
+    """Idle helpers of this process, started on demand and reused."""
+
+    def __init__(self, module: str = MODULE) -> None:
+        self.module = module
+        self._idle: list[HelperProcess] = []
+        self._lock = threading.Lock()
+        self.started = 0
+        self.killed = 0
+
+    def take(self) -> HelperProcess:
+        with self._lock:
+            while self._idle:
+                helper = self._idle.pop()
+                if helper.owner == os.getpid() and helper.process.poll() is None:
+                    return helper
+            self.started += 1
+        return HelperProcess(self.module)
+
+    def give_back(self, helper: HelperProcess) -> None:
+        with self._lock:
+            self._idle.append(helper)
+
+    def discard(self, helper: HelperProcess) -> None:
+        with self._lock:
+            self.killed += 1
+        helper.kill()
+
+    def prestart(self, count: int) -> None:
+        """Start helpers now, so that the first requests do not wait for them."""
+        with self._lock:
+            # helpers inherited across a fork are the parent's: they do not count
+            self._idle = [h for h in self._idle if h.owner == os.getpid()]
+            missing = max(0, count - len(self._idle))
+            self.started += missing
+        helpers = [HelperProcess(self.module) for _ in range(missing)]
+        with self._lock:
+            self._idle.extend(helpers)
+
+    def close(self) -> None:
+        with self._lock:
+            helpers, self._idle = self._idle, []
+        for helper in helpers:
+            helper.kill()
+
+
+POOL = HelperPool()
+atexit.register(POOL.close)
+_GATES: dict[tuple[int, int, float], Gate] = {}
 _GATES_LOCK = threading.Lock()
 
 
-def shared_gate(slots: int) -> DecodeGate:
-    """The process-wide gate for ``slots`` (the cores are the process's, not one app's)."""
+def shared_gate(slots: int, max_queue: int, queue_timeout: float) -> Gate:
+    """The process's decode gate (the cores are the process's, not one app's)."""
     with _GATES_LOCK:
-        return _GATES.setdefault(slots, DecodeGate(slots))
+        return _GATES.setdefault((slots, max_queue, queue_timeout), Gate(
+            slots=slots, max_queue=max_queue, queue_timeout=queue_timeout,
+            work="reading other uploads", seconds=0.2))
 
 
 class Decoder:
-    """Decodes uploads for one app: the gate, then a helper process or this thread."""
+    """Reads uploads for one app within its limits: stills, media probes, frames, audio.
+    The defaults are the settings' defaults (an app builds it :meth:`from_settings`)."""
 
-    def __init__(self, *, limits: DecodeLimits, isolation: str, timeout: float, slots: int,
-                 max_queue: int, queue_timeout: float,
-                 media: MediaLimits | None = None) -> None:
+    def __init__(self, *, limits: DecodeLimits | None = None, media: MediaLimits | None = None,
+                 isolation: str = "process", timeout: float = 5.0, slots: int = 1,
+                 max_queue: int = 2, queue_timeout: float = 60.0,
+                 memory: int | None = None) -> None:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}")
-        self.limits = limits
+        self.limits = limits or DecodeLimits()
         self.media = media or MediaLimits()
         self.isolation = isolation
         self.timeout = timeout
-        self.gate = shared_gate(slots)
-        self.max_queue = max_queue
-        self.queue_timeout = queue_timeout
-        self.pool = _POOL
+        #: a helper's address space per request above its own (None: from the budgets)
+        self.memory = memory
+        self.gate = shared_gate(slots, max_queue, queue_timeout)
+        self.pool = POOL
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Decoder:
-        """A decoder with the ANIMEGAN_MAX_*, DECODE_* and queue settings."""
+        """The decoder of the ANIMEGAN_MAX_*, DECODE_* and queue settings."""
         return cls(limits=DecodeLimits(max_pixels=settings.max_pixels,
                                        max_bytes=settings.max_decode_bytes,
                                        max_aspect=MAX_ASPECT_RATIO,
                                        max_scans=MAX_JPEG_SCANS),
+                   media=media_limits(settings),
                    isolation=settings.decode_isolation, timeout=DECODE_TIMEOUT,
                    slots=settings.decoders, max_queue=settings.max_queue,
-                   queue_timeout=settings.queue_timeout, media=media_limits(settings))
+                   queue_timeout=settings.queue_timeout)
 
     def start(self) -> None:
-        """Start a helper process now, so that the first upload does not wait for one."""
+        """Start a helper now, so that the first upload does not wait for one."""
         if self.isolation == "process":
             self.pool.prestart(1)
 
-    def decode(self, data: bytes, *, size: int, square: bool = False) -> DecodedUpload:
-        """The upload decoded, its image upright RGB fitted to ``size``; raises
-        ConversionError."""
-        with self.gate.slot(self.max_queue, self.queue_timeout):
+    def decode(self, data: bytes, *, size: int, square: bool = False,
+               cover: bool = False) -> DecodedUpload:
+        """The still upright, fitted to ``size`` (:func:`.decoding.fit`); ConversionError."""
+        with self.gate.slot():
             if self.isolation == "thread":
-                return decoding.decode_upload(data, self.limits, size=size, square=square)
-            return upload_of(*self._in_helper(data, size, square, sample=False))
-
-    def sample(self, data: bytes, *, size: int, square: bool = False) -> SampledUpload:
-        """The upload as the cache compares it (:func:`.decoding.sample_upload`): its
-        statistics and, unless a JPEG, its image fitted to ``size``; raises
-        ConversionError."""
-        with self.gate.slot(self.max_queue, self.queue_timeout):
-            if self.isolation == "thread":
-                return decoding.sample_upload(data, self.limits, size=size, square=square)
-            return sampled_of(*self._in_helper(data, size, square, sample=True))
+                return decoding.decode_upload(data, self.limits, size=size, square=square,
+                                              cover=cover)
+            side = size * size * (self.limits.max_aspect if cover else 1)
+            header = {"op": "decode", "size": size, "square": square, "cover": cover,
+                      "memory": self._memory(3 * int(side))}
+            answer, pixels = self._ask_one(header, data, "the image", "read the upload")
+        image = Image.frombytes("RGB", (int(answer["width"]), int(answer["height"])), pixels)
+        width, height = answer["source_size"]
+        return DecodedUpload(image, (int(width), int(height)), str(answer["format"]))
 
     def probe(self, data: bytes) -> MediaInfo:
-        """What the upload is (still, animation, video), checked against the media limits."""
+        """What the upload is (:func:`.media.probe`), checked against the limits."""
         if self.isolation == "thread":
             return media.probe(data, self.media, self.limits)
-        from .frames_helper import isolated_probe
-
-        return isolated_probe(data, self.media, self.limits, self.timeout)
+        answer, _ = self._ask_one({"op": "probe", "memory": self._memory(0)}, data,
+                                  "the file", "read the file")
+        return MediaInfo(**answer["info"])
 
     def frames(self, data: bytes, info: MediaInfo, *, size: int, square: bool = False,
-               timeout_total: float | None = None) -> Iterator[Frame]:
-        """The frames of a probed upload, fitted to ``size``, one at a time."""
+               total_timeout: float | None = None) -> Iterator[Frame]:
+        """``info``'s frames fitted to ``size``, streamed (:func:`.media.frames`). Isolated,
+        each frame may take the decode timeout, and all the waits ``total_timeout`` s."""
         if self.isolation == "thread":
-            return media.frames(data, info, self.media, self.limits, size=size, square=square)
-        from .frames_helper import isolated_frames
+            yield from media.frames(data, info, self.media, self.limits, size=size,
+                                    square=square)
+            return
+        header = {"op": "frames", "info": asdict(info), "size": size, "square": square,
+                  "memory": self._memory(3 * size * size)}
+        for answer, pixels in self._ask(header, data, f"the {info.kind}",
+                                        f"decode the {info.kind}", total_timeout):
+            if "frame" in answer:
+                head = answer["frame"]
+                yield Frame(int(head["index"]), Image.frombytes(
+                    "RGB", (int(head["width"]), int(head["height"])), pixels),
+                    int(head["duration_ms"]),
+                    None if head["disposal"] is None else int(head["disposal"]),
+                    float(head["pts"]))
 
-        return isolated_frames(data, info, self.media, self.limits, size=size, square=square,
-                               timeout_per_frame=self.timeout, timeout_total=timeout_total)
+    def audio(self, data: bytes, info: MediaInfo, *,
+              timeout: float | None = None) -> AudioTrack | None:
+        """The video's audio made ready for the MP4 writer (:func:`.media.audio`), so the
+        upload's audio is parsed only here."""
+        if info.kind != "video" or not info.has_audio:
+            return None
+        if self.isolation == "thread":
+            return media.audio(data, info, self.media)
+        memory = self.memory or (2 * media.audio_budget(info, self.media)[1] + PROBE_BYTES
+                                 + SLACK_BYTES)
+        answer, payload = self._ask_one({"op": "audio", "info": asdict(info), "memory": memory},
+                                        data, "the video's audio", "read the video's audio",
+                                        timeout)
+        track = answer["audio"]
+        if track is None:
+            return None
+        return AudioTrack(payload, str(track["codec"]), bool(track["transcoded"]),
+                          bool(track["complete"]))
 
-    def audio(self, data: bytes, info: MediaInfo, timeout: float) -> AudioTrack | None:
-        """The audio track of a probed video, within the media limits (None: none)."""
-        from .frames_helper import isolated_audio
+    def _memory(self, answer_bytes: int) -> int:
+        return self.memory or self.limits.max_bytes + answer_bytes + SLACK_BYTES
 
-        return isolated_audio(data, info, self.media, timeout)
+    def _ask_one(self, header: dict[str, Any], data: bytes, what: str, doing: str,
+                 timeout: float | None = None) -> tuple[dict[str, Any], bytes]:
+        with contextlib.closing(self._ask(header, data, what, doing, None, timeout)) as answers:
+            return next(answers)
 
-    def _in_helper(self, data: bytes, size: int, square: bool, *,
-                   sample: bool) -> tuple[dict[str, Any], bytes]:
-        header = {"size": size, "square": square, "sample": sample,
-                  "limits": asdict(self.limits),
-                  # the decode's peak (max_bytes counts every copy), the answer's bytes
-                  # and the allocator's and interpreter's slack
-                  "memory": self.limits.max_bytes + 3 * size * size + STATISTICS_BYTES
-                  + (64 << 20)}
-        for attempt in (1, 2):
+    def _ask(self, header: dict[str, Any], data: bytes, what: str, doing: str,
+             total: float | None, timeout: float | None = None,
+             ) -> Generator[tuple[dict[str, Any], bytes], None, None]:
+        """A helper's answers to one request. Past ``timeout`` (``total``: all waits together) the
+        helper is killed: 503 if it hardly ran (the load's fault), else 413; a helper that dies
+        is a 400 if it crashed, else a 413 (killed for memory)."""
+        timeout = self.timeout if timeout is None else timeout
+        header = {**header, "decode": asdict(self.limits), "media": asdict(self.media)}
+        helper = self._sent(header, data, what)
+        clean, waited = False, 0.0
+        try:
+            while True:
+                wait = timeout if total is None else min(timeout, max(0.0, total - waited))
+                cpu_before, started = helper.cpu_seconds(), time.monotonic()
+                try:
+                    answer, payload = helper.receive(started + wait)
+                except TimeoutError:
+                    cpu_after = helper.cpu_seconds()
+                    if (cpu_before is not None and cpu_after is not None
+                            and cpu_after - cpu_before < STARVED_SHARE * wait):
+                        retry = max(1, math.ceil(wait))
+                        raise Overloaded(f"the server is too busy to {doing} now; try again "
+                                         f"in {retry} s", retry) from None
+                    spent = (f"{total:g} s in all" if total is not None and waited + wait >= total
+                             else f"{timeout:g} s" + " for one frame" * ("info" in header))
+                    raise ImageTooLarge(f"reading {what} took more than {spent}; send a "
+                                        "smaller, shorter or simpler one") from None
+                waited += time.monotonic() - started
+                if not answer["ok"]:
+                    clean = True
+                    raise _ERRORS.get(answer["error"], BadImage)(answer["message"])
+                clean = not answer.get("more")
+                yield answer, payload
+                if clean:
+                    return
+        except (OSError, EOFError, ValueError):
+            helper.kill()
+            if helper.crashed():
+                raise BadImage(f"{what} crashed the decoder; it is corrupt. Send another "
+                               "file") from None
+            raise ImageTooLarge(f"{what} could not be decoded within this server's memory "
+                                "limit; send a smaller one") from None
+        finally:
+            if clean:
+                self.pool.give_back(helper)
+            else:
+                self.pool.discard(helper)
+
+    def _sent(self, header: dict[str, Any], data: bytes, what: str) -> HelperProcess:
+        """A helper that took the request; one gone since it went idle is replaced, once."""
+        for _ in range(2):
             helper = self.pool.take()
-            cpu_before = helper.cpu_seconds()
             try:
-                answer, pixels = helper.request(header, data, self.timeout)
-            except TimeoutError:
-                starved = helper.starved(cpu_before, self.timeout)
+                helper.send(header, data)
+                return helper
+            except OSError:
                 self.pool.discard(helper)
-                if starved:
-                    # the helper hardly ran (a busy machine, helpers at a lower priority):
-                    # the file is not at fault, the load is
-                    wait = self.gate.retry_after()
-                    raise Overloaded("the server is too busy to read the upload now; try "
-                                     f"again in {wait} s", wait) from None
-                raise ImageTooLarge(f"the image took more than {self.timeout:g} s to decode; "
-                                    "send a smaller or simpler image") from None
-            except (OSError, EOFError, ValueError):
-                # a helper that died (killed by the kernel for memory, or gone while
-                # idle): start a fresh one once, then give up on this file
-                self.pool.discard(helper)
-                if attempt == 2:
-                    raise ImageTooLarge("the image could not be decoded within this "
-                                        "server's memory limit; send a smaller image") from None
-                continue
-            self.pool.give_back(helper)
-            break
-        if not answer["ok"]:
-            raise _ERRORS.get(answer["error"], BadImage)(answer["message"])
-        return answer, pixels
+        raise ImageTooLarge(f"{what} could not be handed to a decoder; send a smaller one")
 
     def status(self) -> dict[str, Any]:
         return {"isolation": self.isolation, "slots": self.gate.slots,

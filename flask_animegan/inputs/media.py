@@ -1,28 +1,6 @@
-"""What an upload is (a still, an animation or a video) and its frames, within limits.
-
-:func:`probe` reads only headers and container metadata: the frame count, the duration,
-the frame rate and the size are checked against :class:`MediaLimits` (and the frame's
-pixels and decode memory against :class:`~.decoding.DecodeLimits`) before a frame is
-decoded. :func:`frames` then decodes lazily, one frame in memory at a time, and counts
-again while it decodes: a file whose header lied stops at the limit with ImageTooLarge.
-
-* Animations (GIF, animated WebP, APNG) go through Pillow, composited as Pillow does
-  (disposal, blending), alpha over white as :func:`~.decoding.to_rgb` does. Their frame
-  count, durations and loop come from walking the file's blocks or chunks (no pixels).
-* Videos (MP4, MOV, WebM, Matroska) go through PyAV (FFmpeg), one video stream, the
-  codecs in :data:`VIDEO_CODECS` only. A display matrix (a phone's rotated video) is
-  obeyed: the probe gives the size shown and the frames come out upright.
-
-A video's audio is made ready for the MP4 writer by :func:`audio` (in the helper process
-too): its packets copied into a small M4A of their own, or transcoded to AAC when an MP4
-cannot hold them, cut after the video and capped in bytes, so the writer never reads the
-upload.
-
-Durations: a frame of 10 ms or less (0 included, and APNG's negative or undefined ones)
-is shown for 100 ms, as browsers show GIFs, so a "1,000 fps" animation plays at 10 fps.
-Everything here needs Pillow, NumPy and PyAV only: it also runs in the helper process of
-:mod:`flask_animegan.inputs.frames_helper`.
-"""
+"""What an upload is (still, animation, video), its frames and its audio, within limits: the
+probe holds the headers against the limits, frames are counted again as they are decoded.
+Pillow, NumPy and PyAV only: it also runs in the helper process."""
 
 from __future__ import annotations
 
@@ -347,9 +325,8 @@ def other_container(data: bytes) -> str | None:
 
 
 def _open_video(data: bytes, demuxer: str, max_pixels: int | None = None) -> Any:
-    """The container; ``max_pixels``: the frames FFmpeg decodes while it opens the file
-    (to find the streams' parameters) are refused over it before they are allocated (the
-    size still comes from the headers: 25 MiB instead of 151 MiB for 8000x8000 H.264)."""
+    """The container; ``max_pixels``: frames FFmpeg decodes while it opens the file (to
+    find the streams' parameters) are refused over it before they are allocated."""
     import av
 
     options = {"probesize": "1000000", "analyzeduration": "1000000"}
@@ -373,35 +350,28 @@ def _video_format(data: bytes, demuxer: str) -> str:
 def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits,
                  max_pixels: int) -> MediaInfo:
     fmt = _video_format(data, demuxer)
-    try:
-        with _open_video(data, demuxer, max_pixels) as container:
-            if not container.streams.video:
-                raise BadImage(f"the {fmt} file has no video stream; {MEDIA_HINT}")
-            stream = container.streams.video[0]
-            codec = codec_name(stream)
-            if codec not in VIDEO_CODECS:
-                raise UnsupportedImage(f"{fmt} videos in {codec} are not accepted; "
-                                       f"{MEDIA_HINT}")
-            width, height = stream.codec_context.width, stream.codec_context.height
-            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
-            fps = float(rate) if rate else None
-            if stream.duration is not None and stream.time_base:
-                duration = float(stream.duration * stream.time_base)
-            elif container.duration is not None:
-                duration = container.duration / 1_000_000
-            else:
-                duration = 0.0
-            frames = int(stream.frames or 0)
-            if not frames and fps and duration:
-                frames = max(1, round(duration * fps))  # Matroska does not store a count
-            has_audio = bool(container.streams.audio)
-    except ConversionError:
-        raise
-    except MemoryError:
-        raise ImageTooLarge("the video needs more memory to read than this server allows; "
-                            "send a smaller one") from None
-    except Exception as exc:  # noqa: BLE001 - FFmpeg's errors for corrupt containers
-        raise _corrupt(fmt, exc) from None
+    with decoding.failures("the video", lambda exc: _corrupt(fmt, exc)), \
+            _open_video(data, demuxer, max_pixels) as container:
+        if not container.streams.video:
+            raise BadImage(f"the {fmt} file has no video stream; {MEDIA_HINT}")
+        stream = container.streams.video[0]
+        codec = codec_name(stream)
+        if codec not in VIDEO_CODECS:
+            raise UnsupportedImage(f"{fmt} videos in {codec} are not accepted; "
+                                   f"{MEDIA_HINT}")
+        width, height = stream.codec_context.width, stream.codec_context.height
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        fps = float(rate) if rate else None
+        if stream.duration is not None and stream.time_base:
+            duration = float(stream.duration * stream.time_base)
+        elif container.duration is not None:
+            duration = container.duration / 1_000_000
+        else:
+            duration = 0.0
+        frames = int(stream.frames or 0)
+        if not frames and fps and duration:
+            frames = max(1, round(duration * fps))  # Matroska does not store a count
+        has_audio = bool(container.streams.audio)
     if width < 1 or height < 1:
         raise BadImage(f"the {fmt} video's frames have no size; {MEDIA_HINT}")
     if fps is None and frames and duration:
@@ -410,11 +380,9 @@ def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits,
 
 
 def _cap_pixels(stream: Any, pixels: int) -> None:
-    """Make FFmpeg's decoder refuse a frame far over ``pixels`` before it allocates it: a
-    stream may change its size in-band (a new H.264 SPS) after a small first frame and
-    header; the refusal is a decode error (BadImage, 400). FFmpeg counts its padded,
-    aligned buffers (a 96x64 frame needs 1.5 times its pixels, 1000x1000 1.1 times), so
-    the cap is twice ``pixels`` and a megapixel; the exact limit is _Counter's."""
+    """Make FFmpeg refuse a frame far over ``pixels`` before it allocates it (a stream may
+    grow in-band after a small header): a BadImage. FFmpeg counts its padded buffers, so
+    the cap is looser; the exact limit is _Counter's."""
     stream.codec_context.options = {"max_pixels": str(2 * pixels + (1 << 20))}
 
 
@@ -424,10 +392,9 @@ _ROTATION_PACKETS = 32
 
 
 def _video_rotation(data: bytes, demuxer: str, info: MediaInfo) -> int:
-    """The counter-clockwise rotation (degrees, -180 to 180) that shows the video upright,
-    from its display matrix (a phone's MP4/MOV, a Matroska projection). FFmpeg attaches the
-    matrix to decoded frames only, so this decodes the first one, after the limits are
-    held (its size is the probe's); 0 when none comes within :data:`_ROTATION_PACKETS`."""
+    """The counter-clockwise rotation (degrees) that shows the video upright, from the display
+    matrix FFmpeg attaches to decoded frames only: so the first frame is decoded, once the
+    limits are held; 0 when none comes within :data:`_ROTATION_PACKETS`."""
     # a corrupt packet: frames() reports it where it is, as it did before this
     with contextlib.suppress(Exception), _open_video(data, demuxer) as container:
         stream = container.streams.video[0]
@@ -459,15 +426,8 @@ def frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: DecodeLimi
         return
     counter = _Counter(info, limits)
     source = _video_frames if info.kind == "video" else _animation_frames
-    try:
+    with decoding.failures(f"the {_name(info)}", lambda exc: _corrupt(info.format, exc)):
         yield from source(data, info, counter, size, square)
-    except ConversionError:
-        raise
-    except MemoryError:
-        raise ImageTooLarge(f"the {_name(info)} needs more memory to decode than this "
-                            "server allows; send a smaller one") from None
-    except Exception as exc:  # noqa: BLE001 - Pillow's and FFmpeg's errors for corrupt data
-        raise _corrupt(info.format, exc) from None
 
 
 class _Counter:
@@ -597,28 +557,20 @@ def audio_budget(info: MediaInfo, limits: MediaLimits) -> tuple[float, int]:
 
 
 def audio(data: bytes, info: MediaInfo, limits: MediaLimits) -> AudioTrack | None:
-    """The video's first audio stream as an :class:`AudioTrack` (None: it has none), cut
-    :data:`AUDIO_OVERRUN_S` after the video's end and at most :func:`audio_budget`'s bytes
-    (ImageTooLarge past them). A packet the decoder refuses (when transcoding) is left out
-    and damaged container data ends the track; either makes ``complete`` False. BadImage
-    when the container cannot be read at all; None when no packet could be kept."""
+    """The video's first audio stream as an :class:`AudioTrack`, cut :data:`AUDIO_OVERRUN_S`
+    after the video and within :func:`audio_budget` (ImageTooLarge past it); damaged packets
+    are left out (``complete`` False). None when there is no packet to keep."""
     if info.kind != "video" or not info.has_audio:
         return None
     demuxer = _video_demuxer(data)
     if demuxer is None:
         raise BadImage(f"the file is not a video; {MEDIA_HINT}")
-    try:
-        with _open_video(data, demuxer) as container:
-            if not container.streams.audio:
-                return None
-            return _remux_audio(container, info, limits)
-    except ConversionError:
-        raise
-    except MemoryError:
-        raise ImageTooLarge("the video's audio needs more memory to read than this server "
-                            "allows; send a smaller file") from None
-    except Exception as exc:  # noqa: BLE001 - FFmpeg's errors for corrupt containers
-        raise BadImage(f"the video's audio cannot be read ({exc.__class__.__name__})") from None
+    with decoding.failures("the video's audio", lambda exc: BadImage(
+            f"the video's audio cannot be read ({exc.__class__.__name__})")), \
+            _open_video(data, demuxer) as container:
+        if not container.streams.audio:
+            return None
+        return _remux_audio(container, info, limits)
 
 
 class _Track:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from av.packet import Packet
     from av.video.stream import VideoStream
 
+    from ..inputs.isolation import Decoder
     from ..inputs.media import MediaInfo
 
 __all__ = [

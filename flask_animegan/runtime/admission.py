@@ -1,16 +1,6 @@
-"""One count of the conversions inside the app, whatever they are doing.
-
-A conversion holds a server thread from the moment its request reaches the app until
-its response is done: while its upload is read, while it waits to be decoded, while it
-is decoded, while it waits for the model, while it runs and while it is encoded. The
-decode gate and the model's queue each bound one of those waits, but only one count
-over all of them keeps a thread free for ``/healthz`` and the pages. So the web
-conversions enter an :class:`Admission` before their body is read (at most
-``capacity`` at once; the next one gets 503 with Retry-After at once) and leave it
-when their request ends, however it ends. The CLI and ``convert()`` do not enter it.
-(Under gunicorn a refused body is then read and dropped, for at most a second, before the
-503 goes, so that the answer is not lost to a reset: web/views.py ``_drop_unread_body``.)
-"""
+"""One count of the web conversions in the app, from before their body is read until their
+response ends: the gates bound each wait, this keeps a thread free for ``/healthz`` and the
+pages over all of them (the CLI and ``convert()`` do not enter it)."""
 
 from __future__ import annotations
 

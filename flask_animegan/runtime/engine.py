@@ -31,7 +31,7 @@ from .backends import (
 from .backends.fidelity import fidelity_db, min_db
 from .backends.torch import TorchRunner
 from .catalog import StyleInfo
-from .gate import InferenceGate
+from .gate import Gate
 from .generator import Generator
 from .models import LoadedStyle, ModelPool
 from .precision import DTYPES, fastest
@@ -88,7 +88,7 @@ class InferenceEngine:
         self.rejected: dict[str, str] = {}  # candidate -> why the fidelity guard refused it
         self.pool = ModelPool(max_loaded=max_loaded, pinned=self.registry.default,
                               loader=self._load_style, events=events)
-        self.gate = InferenceGate(max_queue=max_queue, queue_timeout=queue_timeout, events=events)
+        self.gate = Gate(max_queue=max_queue, queue_timeout=queue_timeout, events=events)
         self._prepare_lock = threading.Lock()
         self.prepared = False
         self._release_lock = threading.Lock()
@@ -336,12 +336,10 @@ class InferenceEngine:
         with self.gate.slot():
             # loading (and checking) a style runs inferences too: one at a time
             loaded = self.pool.get(chosen)
-            started = time.perf_counter()
             if tiled:
                 result = run_tiled(cast(Generator, loaded.network), pixels)
             else:
                 result = to_pixels(self.forward(loaded.runner, pixels))
-            self.gate.record(time.perf_counter() - started, image.width * image.height)
         self._release_when_idle(loaded.runner)
         if result is None:
             # never return (or cache) what broken weights make of a photo

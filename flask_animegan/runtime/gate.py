@@ -1,16 +1,13 @@
-"""One inference at a time per process, a bounded queue, and an honest Retry-After.
-
-Torch already spreads one inference over every intra-op thread, so running two at
-once on the same cores only adds contention. The gate therefore lets one inference
-run and at most ``max_queue`` requests wait; the rest are turned away at once with a
-Retry-After estimate instead of piling up threads.
-"""
+"""A bounded, timed gate in front of work that competes for the same cores (decodes,
+inferences): a few run, a bounded queue waits a bounded time, the rest get 503 at once
+with a Retry-After estimate instead of piling up threads."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 import threading
+import time
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -23,56 +20,69 @@ class QueueEvents(Protocol):
     def queue_changed(self, in_flight: int, queued: int) -> None: ...
 
 
-class InferenceGate:
-    def __init__(self, *, max_queue: int, queue_timeout: float,
+class Gate:
+    """At most ``slots`` holders at once and ``max_queue`` more waiting, each at most
+    ``queue_timeout`` s; the rest get Overloaded (503). ``work`` names what the holders
+    do, for the refusal's message; Retry-After follows the time a slot is held."""
+
+    def __init__(self, *, slots: int = 1, max_queue: int, queue_timeout: float,
+                 work: str = "converting other photos", seconds: float = 1.0,
                  events: QueueEvents | None = None) -> None:
+        self.slots = slots
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
+        self.work = work
         self.events = events
-        self._run_lock = threading.Lock()
-        self._state_lock = threading.Lock()
+        self._free = threading.Semaphore(slots)
+        self._lock = threading.Lock()
         self._pending = 0
-        self._seconds_per_inference = 1.0  # per 512 x 512 image, smoothed
+        self._running = 0
+        self._seconds = seconds  # a slot's hold, smoothed
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
-        """Hold the model for one inference; 503 when the queue is full or the wait too long."""
-        with self._state_lock:
-            if self._pending >= 1 + self.max_queue:
-                raise Overloaded("the server is busy converting other photos; try again in "
+        """Hold one slot; Overloaded when the queue is full or the wait too long."""
+        with self._lock:
+            if self._pending >= self.slots + self.max_queue:
+                raise Overloaded(f"the server is busy {self.work}; try again in "
                                  f"{self.retry_after()} s", self.retry_after())
             self._pending += 1
-            self._report(running=self._run_lock.locked())
+            self._report()
         try:
-            if not self._run_lock.acquire(timeout=self.queue_timeout):
-                raise Overloaded("timed out waiting for a free converter; try again in "
-                                 f"{self.retry_after()} s", self.retry_after())
+            if not self._free.acquire(timeout=self.queue_timeout):
+                raise Overloaded(f"timed out waiting while the server was busy {self.work}; "
+                                 f"try again in {self.retry_after()} s", self.retry_after())
+            started = time.perf_counter()
+            with self._lock:
+                self._running += 1
+                self._report()
             try:
-                with self._state_lock:
-                    self._report(running=True)
                 yield
             finally:
-                self._run_lock.release()
+                self._free.release()
+                with self._lock:
+                    self._running -= 1
+                    held = time.perf_counter() - started
+                    self._seconds = 0.8 * self._seconds + 0.2 * held
         finally:
-            with self._state_lock:
+            with self._lock:
                 self._pending -= 1
-                self._report(running=self._run_lock.locked())
+                self._report()
 
-    def _report(self, running: bool) -> None:
+    def _report(self) -> None:
         if self.events is not None:
-            self.events.queue_changed(int(running), max(0, self._pending - int(running)))
-
-    def record(self, seconds: float, pixels: int) -> None:
-        """Learn the cost of an inference of ``pixels`` pixels, for Retry-After estimates."""
-        per_image = seconds / max(pixels / 262_144, 0.05)
-        self._seconds_per_inference = 0.8 * self._seconds_per_inference + 0.2 * per_image
+            self.events.queue_changed(self._running, max(0, self._pending - self._running))
 
     def retry_after(self) -> int:
-        return max(1, math.ceil(self._seconds_per_inference * max(1, self._pending)))
+        """Seconds until the queue now waiting has probably gone through."""
+        return max(1, math.ceil(self._seconds * max(1, self._pending) / self.slots))
+
+    @property
+    def pending(self) -> int:
+        """Holders and waiters."""
+        return self._pending
 
     def status(self) -> dict[str, int]:
-        with self._state_lock:
-            in_flight = 1 if self._run_lock.locked() else 0
-            pending = self._pending
-        return {"in_flight": in_flight, "queued": max(0, pending - in_flight),
-                "max_queue": self.max_queue}
+        with self._lock:
+            return {"in_flight": self._running, "queued": max(0, self._pending - self._running),
+                    "max_queue": self.max_queue}
