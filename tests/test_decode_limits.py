@@ -20,7 +20,7 @@ from flask_animegan.errors import ImageTooLarge, Overloaded
 from flask_animegan.inputs.decoding import DecodeLimits, count_jpeg_scans, decode_cost
 from flask_animegan.inputs.helper import NICENESS
 from flask_animegan.inputs.isolation import Decoder
-from flask_animegan.runtime.gate import Gate
+from flask_animegan.gate import Gate
 
 
 def progressive_jpeg(size=(2000, 1500), extra_scans: int = 0) -> bytes:

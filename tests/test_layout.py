@@ -31,7 +31,7 @@ LAYERS = {
     "convert": 4,
     "inputs": 3, "outputs": 3, "runtime": 3, "cache": 3, "portrait": 3,
     "storage": 2,
-    "config": 1, "errors": 1, "process": 1, "metrics": 1,
+    "config": 1, "errors": 1, "process": 1, "metrics": 1, "gate": 1,
 }
 #: Rooms of one layer that must not import one another...
 SIBLINGS = {"inputs", "outputs", "runtime", "cache", "portrait"}

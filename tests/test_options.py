@@ -116,6 +116,21 @@ def test_a_face_style_without_a_face_converts_the_centre_square_and_says_so(clie
     assert open_image(response.data).size == (SIDE, SIDE)
 
 
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_a_face_style_that_finds_no_face_decodes_once(client, fmt):
+    """The fit that portrait mode looks at and the centre square it falls back to come
+    from one decode: Server-Timing names one decoding stage."""
+    buffer = io.BytesIO()
+    photo("coffee").save(buffer, fmt)
+    response = client.post("/animegan/convert?style=celeba_distill", data=buffer.getvalue(),
+                           content_type=f"image/{fmt.lower()}")
+    assert response.status_code == 200 and response.headers["X-Faces"] == "0"
+    stages = [part.split(";")[0].strip()
+              for part in response.headers["Server-Timing"].split(",")]
+    assert stages.count("decode") == 1 and "sample" not in stages
+    assert open_image(response.data).size == (SIDE, SIDE)
+
+
 def test_portrait_mode_on_request_for_a_scene_style(client):
     picture = group_photo(1)
     plain = post(client, picture, "?style=test_style")

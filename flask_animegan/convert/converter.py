@@ -13,7 +13,7 @@ from PIL import Image
 
 from ..config import PortraitLimits
 from ..errors import ConversionError, Overloaded
-from ..inputs.decoding import fit, to_rgb
+from ..inputs.decoding import centre_square, fit, to_rgb
 from ..outputs.stills import MIME_TYPES, encode
 from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
@@ -149,34 +149,37 @@ class Converter:
             lap("lookup")
             if again is not None:
                 return self._sent_again(data, again, request, square, lap.timings)
-        decoded = self.decoder.decode(data, size=size, square=square)
+        # a face style that looks for faces may fall back to the centre square: one decode
+        # serves both, fitted so that its centre square is ``size`` a side
+        cover = style.face and portrait != "off"
+        decoded = self.decoder.decode(data, size=size, square=square, cover=cover)
+        fitted = fit(decoded.image, size) if cover else decoded.image  # what the network sees
         lap("decode")
         fingerprint: Fingerprint | None = None
         if lookup is not None:
             # the same photo, compared on what the network sees: a hit needs no resize
             if lookup.cache.near:
-                fingerprint = lookup.cache.fingerprint(decoded.image)
+                fingerprint = lookup.cache.fingerprint(fitted)
             cached = lookup.same_photo(fingerprint)
             lap("cache")
             if cached is not None:
-                return self._near_hit(data, cached, request, square, decoded.image,
-                                      lap.timings)
-        fitted = decoded.image
+                return self._near_hit(data, cached, request, square, fitted, lap.timings)
+        stored_size = fitted.size
         faces: int | None = None
         if portrait == "off":
             result = self.stylize(fitted, style.name, options.colors)
         else:
             result, faces = self._portrait(fitted, style, portrait, options.colors, lap)
             if not faces and style.face:
-                # no face: the centre square, decoded anew at the size's full resolution
+                # no face: as without portrait mode, the centre square at full resolution
                 square = True
-                fitted = self.decoder.decode(data, size=size, square=True).image
+                fitted = decoded.image.crop(centre_square(decoded.image.size))
                 result = self.stylize(fitted, style.name, options.colors)
         lap("infer")
         encoded = encode(result, fmt, self.quality)
         lap("encode")
         if lookup is not None:
-            lookup.cache.put(namespace, fingerprint, encoded, decoded.image.size,
+            lookup.cache.put(namespace, fingerprint, encoded, stored_size,
                              -1 if faces is None else faces, upload=upload)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
                           cache_hit=False, face_crop=square, input_image=fitted,

@@ -456,7 +456,7 @@ def _open_and_plan(data: bytes, limits: DecodeLimits, size: int, square: bool,
     return opened, needed, source_size
 
 
-def _centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
+def centre_square(size: tuple[int, int]) -> tuple[int, int, int, int]:
     """The box of the centre square of a picture of ``size``."""
     width, height = size
     side = min(width, height)
@@ -637,7 +637,7 @@ def fit(image: Image.Image, size: int, square: bool = False, cover: bool = False
     full_width, full_height = source_size or image.size
     box = (0, 0, image.width, image.height)
     if square:
-        box = _centre_square(image.size)
+        box = centre_square(image.size)
         full_width = full_height = min(full_width, full_height)
     target = output_size(full_width, full_height, size, cover=cover)
     if target == (box[2] - box[0], box[3] - box[1]):

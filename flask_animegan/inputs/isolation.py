@@ -32,7 +32,7 @@ from ..config import (
     media_limits,
 )
 from ..errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
-from ..runtime.gate import Gate
+from ..gate import Gate
 from . import decoding, media
 from .decoding import DecodedUpload, DecodeLimits
 from .helper import FRAME, MODULE, PROBE_BYTES

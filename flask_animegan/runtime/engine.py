@@ -31,7 +31,7 @@ from .backends import (
 from .backends.fidelity import fidelity_db, min_db
 from .backends.torch import TorchRunner
 from .catalog import StyleInfo
-from .gate import Gate
+from ..gate import Gate
 from .generator import Generator
 from .models import LoadedStyle, ModelPool
 from .precision import DTYPES, fastest

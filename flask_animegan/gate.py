@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
-from ..errors import Overloaded
+from .errors import Overloaded
 
 
 class QueueEvents(Protocol):
