@@ -148,7 +148,7 @@ class Converter:
             again = lookup.same_upload(upload)
             lap("lookup")
             if again is not None:
-                return self._sent_again(data, again, request, square, lap.timings)
+                return self._cached(data, again, request, square, None, lap.timings)
         # a face style that looks for faces may fall back to the centre square: one decode
         # serves both, fitted so that its centre square is ``size`` a side
         cover = style.face and portrait != "off"
@@ -163,7 +163,7 @@ class Converter:
             cached = lookup.same_photo(fingerprint)
             lap("cache")
             if cached is not None:
-                return self._near_hit(data, cached, request, square, fitted, lap.timings)
+                return self._cached(data, cached, request, square, fitted, lap.timings)
         stored_size = fitted.size
         faces: int | None = None
         if portrait == "off":
@@ -185,14 +185,18 @@ class Converter:
                           cache_hit=False, face_crop=square, input_image=fitted,
                           timings=lap.timings, faces=faces, colors=options.colors)
 
-    def _sent_again(self, data: bytes, cached: CachedResult, request: ConvertRequest,
-                    square: bool, timings: dict[str, float]) -> Conversion:
-        """The cached conversion of the same bytes; its input decoded only if asked."""
+    def _cached(self, data: bytes, cached: CachedResult, request: ConvertRequest,
+                square: bool, fitted: Image.Image | None,
+                timings: dict[str, float]) -> Conversion:
+        """A conversion answered from the cache: the same bytes (``fitted`` None, undecoded)
+        or the same photo (``fitted``, its decoded input); an input not at hand is decoded
+        only if someone asks (the form's page)."""
         style, size, fmt = request.style, request.size, request.format
         faces = None if cached.faces < 0 else cached.faces
-        # a face style whose portrait mode found no face converted the centre square
-        square = square or (style.face and faces == 0)
-        out_size = cached.size
+        out_size = fitted.size if fitted is not None else cached.size
+        if style.face and faces == 0 and not square:
+            # a face style whose portrait mode found no face converted the centre square
+            square, fitted = True, None
         if square:
             with Image.open(io.BytesIO(cached.data)) as stored:
                 out_size = stored.size
@@ -201,27 +205,7 @@ class Converter:
             return self.decoder.decode(data, size=size, square=square).image
 
         return Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
-                          cache_hit=True, face_crop=square, input_loader=input_image,
-                          timings=timings, faces=faces, colors=request.options.colors)
-
-    def _near_hit(self, data: bytes, cached: CachedResult, request: ConvertRequest,
-                  square: bool, fitted: Image.Image, timings: dict[str, float]) -> Conversion:
-        """The same photo as one converted before (the same fitted size), from its cached
-        result; ``fitted`` is this upload's input, decoded."""
-        style, size, fmt = request.style, request.size, request.format
-        faces = None if cached.faces < 0 else cached.faces
-        out_size, shown = fitted.size, fitted  # type: tuple[int, int], Image.Image | None
-        if style.face and faces == 0 and not square:
-            # a face style whose portrait mode found no face converted the centre square
-            square, shown = True, None
-            with Image.open(io.BytesIO(cached.data)) as stored:
-                out_size = stored.size
-
-        def input_image() -> Image.Image:
-            return self.decoder.decode(data, size=size, square=square).image
-
-        return Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
-                          cache_hit=True, face_crop=square, input_image=shown,
+                          cache_hit=True, face_crop=square, input_image=fitted,
                           input_loader=input_image, timings=timings, faces=faces,
                           colors=request.options.colors)
 
