@@ -946,14 +946,12 @@ def _from_text(setting: Setting, raw: str) -> Any:
 # -- derived groups: built once from Settings and handed to the parts -----------------------
 @dataclass(frozen=True)
 class DecodeLimits:
-    """What one decode of an upload may cost, and how it runs (inputs/)."""
+    """What one decode of an upload may cost (inputs/)."""
 
     max_pixels: int = 40_000_000
     max_bytes: int = 192 * 1024 * 1024
     max_aspect: float = MAX_ASPECT_RATIO
     max_scans: int = MAX_JPEG_SCANS
-    timeout: float = DECODE_TIMEOUT
-    isolation: str = "process"
 
 
 @dataclass(frozen=True)
@@ -991,10 +989,8 @@ class StorageURIs:
 
 
 def decode_limits(settings: Settings) -> DecodeLimits:
-    """The decode limits of ``settings``: ANIMEGAN_MAX_PIXELS, _MAX_DECODE_BYTES and
-    _DECODE_ISOLATION, with the constants."""
-    return DecodeLimits(max_pixels=settings.max_pixels, max_bytes=settings.max_decode_bytes,
-                        isolation=settings.decode_isolation)
+    """The decode limits of ``settings``: ANIMEGAN_MAX_PIXELS and _MAX_DECODE_BYTES."""
+    return DecodeLimits(max_pixels=settings.max_pixels, max_bytes=settings.max_decode_bytes)
 
 
 def media_limits(settings: Settings) -> MediaLimits:

@@ -13,7 +13,15 @@ from flask import Flask
 from .cache import NearDuplicateCache
 from .storage.pages import ResultStore
 from .storage import open_storage
-from .config import DEFAULTS, AnimeGANOptions, Settings, apply_aliases, portrait_limits, unknown_keys
+from .config import (
+    DEFAULTS,
+    AnimeGANOptions,
+    Derived,
+    Settings,
+    StorageURIs,
+    apply_aliases,
+    unknown_keys,
+)
 from .convert.converter import Converter
 from .inputs.isolation import Decoder
 from .jobs.queues import open_queue
@@ -151,12 +159,13 @@ class AnimeGAN:
                                   "; remove it (the settings: docs/configuration.md)"))
         try:
             settings = Settings.from_config(app.config)
+            derived = Derived.from_settings(settings)  # every derived group, once
             catalog = known_styles(settings.extra_styles)
             _check_csrf_secret(app, settings)
             protection.install(app, settings)
             own = (None if ratelimit.host_limiter(app.extensions)
-                   else ratelimit.own_limiter(app, settings))
-            job_queue = open_queue(settings, partial(self._run_job, app))
+                   else ratelimit.own_limiter(app, settings, derived.storage))
+            job_queue = open_queue(settings, derived.storage.state, partial(self._run_job, app))
         except ValueError as exc:
             raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
 
@@ -172,15 +181,16 @@ class AnimeGAN:
                 f"is not an installed style (installed: {', '.join(sorted(engine.styles))}); "
                 f"run `flask animegan pull {scene}`, put {scene}.pt into {engine.models_dir}, "
                 "or unset it to paint the scene with the default style")
-        decoder = Decoder.from_settings(settings)
+        decoder = Decoder.from_settings(settings, derived)
         secret = app.config.get("SECRET_KEY")
-        cache, results = self._stores(settings, secret)
+        cache, results = self._stores(settings, derived.storage, secret)
         converter = Converter(
             decoder, engine, quality=settings.jpeg_quality, cache=cache,
             # at most STATS_SIDE, the tiles' first pass would run the picture whole
             tile_above=max(settings.max_side, tiles.STATS_SIDE),
-            portrait=portrait_limits(settings))
-        jobs = Jobs(settings, self._job_store(settings, secret), job_queue, converter,
+            portrait=derived.portrait)
+        jobs = Jobs(settings, self._job_store(settings, derived.storage, secret), job_queue,
+                    converter,
                     convert_url=f"{settings.url_prefix.rstrip('/')}/convert")
         service = AnimeGANService(settings, engine, converter, cache, results,
                                   partial(ratelimit.counting_limiter, app.extensions, own),
@@ -207,7 +217,8 @@ class AnimeGAN:
         return path
 
     @staticmethod
-    def _stores(settings: Settings, secret: Any) -> tuple[NearDuplicateCache, ResultStore]:
+    def _stores(settings: Settings, storage: StorageURIs,
+                secret: Any) -> tuple[NearDuplicateCache, ResultStore]:
         """The result cache at ANIMEGAN_STORAGE_URI, the result pages at
         ANIMEGAN_STATE_STORAGE_URI (default: the same). A page store on a Redis that
         evicts when full is named in a warning: cache traffic could evict pages there.
@@ -216,12 +227,12 @@ class AnimeGAN:
         SECRET_KEY (the same on every instance, or they stop sharing the cache), so
         whoever can read Redis cannot list who converted what."""
         cache = NearDuplicateCache(
-            open_storage(settings.storage_uri, max_bytes=settings.cache_max_bytes,
+            open_storage(storage.cache, max_bytes=settings.cache_max_bytes,
                          prefix="animegan:cache:"),
             ttl=settings.cache_ttl, max_distance=settings.phash_max_distance,
             near=settings.cache_scope == "client",
             key=secret.encode() if isinstance(secret, str) else bytes(secret or b""))
-        pages = open_storage(settings.state_storage, max_bytes=settings.result_max_bytes,
+        pages = open_storage(storage.state, max_bytes=settings.result_max_bytes,
                              prefix="animegan:page:")
         policy = pages.maxmemory_policy()
         if policy is not None and policy != "noeviction":
@@ -236,17 +247,16 @@ class AnimeGAN:
         return cache, results
 
     @staticmethod
-    def _job_store(settings: Settings, secret: Any) -> JobStore:
+    def _job_store(settings: Settings, storage: StorageURIs, secret: Any) -> JobStore:
         """Jobs live where the result pages do (ANIMEGAN_STATE_STORAGE_URI, else
         ANIMEGAN_STORAGE_URI): with Redis, the noeviction one every worker reaches. In
         memory, a store of their own holding a full queue of the largest uploads beside
         ANIMEGAN_RESULT_MAX_BYTES of results."""
         budget = (settings.result_max_bytes
                   + (settings.job_max_queue + 2) * settings.max_upload_bytes)
-        storage = open_storage(settings.state_storage, max_bytes=budget,
-                               prefix="animegan:")
+        state = open_storage(storage.state, max_bytes=budget, prefix="animegan:")
         key = secret.encode() if isinstance(secret, str) else bytes(secret or b"")
-        return JobStore(storage, ttl=settings.result_ttl, secret=key)
+        return JobStore(state, ttl=settings.result_ttl, secret=key)
 
     @staticmethod
     def _run_job(app: Flask, job_id: str) -> None:

@@ -460,16 +460,24 @@ def test_gunicorn_conf_reads_the_registry():
     assert wrong.returncode and "environment variable ANIMEGAN_SERVER_THREADS=" in wrong.stderr
 
 
-def test_the_derived_groups_are_built_once_from_the_settings():
+def test_the_derived_groups_are_built_once_and_reach_every_part(tmp_path):
     settings = Settings(max_frames=100, max_seconds=60.0, max_pixels=1000, max_decode_bytes=2000,
                         decode_isolation="thread", portrait_max_faces=12)
     derived = Derived.from_settings(settings)
     assert (derived.media.max_frames, derived.media.max_seconds) == (100, 60.0)
     assert derived.media.max_total_pixels == 100 * MAX_FRAME_PIXELS
-    assert (derived.decode.max_pixels, derived.decode.max_bytes, derived.decode.isolation) == (
-        1000, 2000, "thread")
+    assert (derived.decode.max_pixels, derived.decode.max_bytes) == (1000, 2000)
     assert derived.portrait.max_faces == 12
     assert settings.job_timeout == 300  # 3 s a frame
+    service = build(tmp_path, ANIMEGAN_MAX_FRAMES=100, ANIMEGAN_MAX_SECONDS=60.0,
+                    ANIMEGAN_MAX_PIXELS=1000, ANIMEGAN_MAX_DECODE_BYTES=2000,
+                    ANIMEGAN_DECODE_ISOLATION="thread",
+                    ANIMEGAN_PORTRAIT_MAX_FACES=12).extensions["animegan"]
+    # the decoder (photos, frames, audio), the converter and the jobs read the same groups
+    assert service.decoder.limits == derived.decode and service.decoder.media == derived.media
+    assert service.decoder.isolation == "thread"
+    assert service.converter.portrait == derived.portrait
+    assert service.jobs.converter.decoder is service.decoder
 
 
 def test_a_gunicorn_setting_in_app_config_is_refused_without_a_wrong_guess(tmp_path):

@@ -16,6 +16,7 @@ from typing import Any, cast
 import numpy as np
 from PIL import Image, ImageCms, ImageFile, UnidentifiedImageError
 
+from ..config import DecodeLimits as DecodeLimits
 from ..errors import BadImage, ConversionError, ImageTooLarge, UnsupportedImage
 
 #: Formats accepted from uploads, decided by content (Pillow's signature checks).
@@ -44,16 +45,6 @@ class DecodedUpload:
     source_size: tuple[int, int]
     #: The format found in the content: one of :data:`ACCEPTED_FORMATS`.
     format: str
-
-
-@dataclass(frozen=True)
-class DecodeLimits:
-    """What one decode may cost. The defaults match the ``ANIMEGAN_*`` defaults."""
-
-    max_pixels: int = 40_000_000
-    max_bytes: int = 192 * 1024 * 1024
-    max_aspect: float = 20.0
-    max_scans: int = 32
 
 
 # -- what a decode costs ------------------------------------------------------------------

@@ -26,10 +26,8 @@ from PIL import Image
 from ..config import (
     DECODE_TIMEOUT,
     ISOLATIONS,
-    MAX_ASPECT_RATIO,
-    MAX_JPEG_SCANS,
+    Derived,
     Settings,
-    media_limits,
 )
 from ..errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
 from ..gate import Gate
@@ -210,13 +208,10 @@ class Decoder:
         self.pool = POOL
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Decoder:
-        """The decoder of the ANIMEGAN_MAX_*, DECODE_* and queue settings."""
-        return cls(limits=DecodeLimits(max_pixels=settings.max_pixels,
-                                       max_bytes=settings.max_decode_bytes,
-                                       max_aspect=MAX_ASPECT_RATIO,
-                                       max_scans=MAX_JPEG_SCANS),
-                   media=media_limits(settings),
+    def from_settings(cls, settings: Settings, derived: Derived | None = None) -> Decoder:
+        """The decoder of the settings and their ``derived`` limits (made here if None)."""
+        derived = derived or Derived.from_settings(settings)
+        return cls(limits=derived.decode, media=derived.media,
                    isolation=settings.decode_isolation, timeout=DECODE_TIMEOUT,
                    slots=settings.decoders, max_queue=settings.max_queue,
                    queue_timeout=settings.queue_timeout)

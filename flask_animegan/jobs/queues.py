@@ -237,10 +237,10 @@ class RQQueue(JobQueue):
         worker.work(burst=burst, logging_level="INFO")
 
 
-def open_queue(settings: Settings, runner: Callable[[str], None]) -> JobQueue:
+def open_queue(settings: Settings, uri: str, runner: Callable[[str], None]) -> JobQueue:
     """The queue ANIMEGAN_JOB_QUEUE names (``auto``: RQ when the jobs' storage is Redis);
-    :class:`SettingError` for ``rq`` without a Redis or without the ``rq`` package."""
-    uri = settings.state_storage
+    ``uri`` is the state storage's; :class:`SettingError` for ``rq`` without a Redis or
+    without the ``rq`` package."""
     kind = settings.job_queue_kind
     if kind == "local":
         return LocalQueue(runner, max_queue=settings.job_max_queue)

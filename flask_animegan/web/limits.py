@@ -25,7 +25,7 @@ from limits.storage import Storage as CountStorage
 from werkzeug.exceptions import HTTPException
 
 from ..storage.base import StoreHealth
-from ..config import Settings, storage_uris, uri_scheme
+from ..config import Settings, StorageURIs, uri_scheme
 from ..service import get_service
 from . import csrf
 from .blueprint import blueprint
@@ -170,10 +170,9 @@ def counted_uri(uri: str) -> str:
     return WRAPPED + uri if uri_scheme(uri) in COUNTED_SCHEMES else uri
 
 
-def own_limiter(app: Flask, settings: Settings) -> Limiter:
+def own_limiter(app: Flask, settings: Settings, storage: StorageURIs) -> Limiter:
     """A Limiter for an app that has none, counting at ANIMEGAN_STATE_STORAGE_URI; while
     Redis is unreachable or full it counts in this process (:class:`FallbackCounts`)."""
-    storage = storage_uris(settings)
     uri = counted_uri(storage.limiter)
     # passed on to redis-py, which takes float timeouts (flask-limiter types them str | int)
     options: dict[str, Any] = {}
