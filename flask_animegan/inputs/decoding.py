@@ -28,9 +28,9 @@ _ONE_BYTE_MODES = frozenset({"1", "L", "P"})
 _RGB_BYTES = 4
 
 
-#: A JPEG larger than the output is decoded at a reduced DCT scale no smaller than this
-#: many times the output: closer, block-grid aliasing makes a resized copy look edited.
-DRAFT_MARGIN = 3
+#: A JPEG larger than the output is decoded at the smallest DCT scale that keeps at least
+#: the output's pixels (docs/benchmark.md: what it saves and what it changes).
+DRAFT_MARGIN = 1.25
 #: Pillow's ``reducing_gap`` for every fit: a large reduction first averages whole blocks.
 REDUCING_GAP = 3.0
 
