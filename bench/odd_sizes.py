@@ -20,7 +20,6 @@ from flask_animegan.process import configure_process
 from flask_animegan.runtime.backends import fidelity
 from flask_animegan.runtime.backends.base import to_pixels
 from flask_animegan.runtime.backends.torch import TorchRunner
-from flask_animegan.runtime.engine import padded_to_multiple
 from flask_animegan.runtime.precision import native_bf16
 from flask_animegan.runtime.styles import SHIPPED_STYLES_DIR
 from flask_animegan.runtime.weights import load_generator
@@ -36,10 +35,11 @@ ALIGNMENTS = (1, 4, 8, 16, 32)
 
 def padded(run: Callable[[np.ndarray], np.ndarray], align: int
            ) -> Callable[[np.ndarray], np.ndarray]:
-    """``run`` on pixels padded to a multiple of ``align`` and cropped back, as the engine."""
+    """``run`` on pixels reflect-padded to a multiple of ``align``, then cropped back."""
     def call(pixels: np.ndarray) -> np.ndarray:
         height, width = pixels.shape[:2]
-        return run(padded_to_multiple(pixels, align))[:height, :width]
+        more = ((0, -height % align), (0, -width % align), (0, 0))
+        return run(np.pad(pixels, more, mode="reflect"))[:height, :width]
     return call
 
 

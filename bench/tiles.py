@@ -23,6 +23,7 @@ from PIL import Image
 
 from flask_animegan.runtime import tiles
 from flask_animegan.runtime.backends import to_pixels
+from flask_animegan.runtime.backends.torch import to_batch
 from flask_animegan.runtime.weights import load_generator
 
 from . import servers
@@ -52,7 +53,8 @@ def fidelity(weights_path: Path, sizes: list[int]) -> list[dict[str, Any]]:
             pixels = photo_at(name, side)
             started = time.perf_counter()
             with torch.inference_mode():
-                out = network(tiles._to_batch(pixels))[0].permute(1, 2, 0).numpy()
+                batch = to_batch(np.array(pixels), torch.float32)
+                out = network(batch)[0].permute(1, 2, 0).numpy()
             whole = to_pixels(out)
             whole_s = time.perf_counter() - started
             del out

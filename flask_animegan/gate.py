@@ -1,6 +1,5 @@
 """A bounded, timed gate in front of work that competes for the same cores (decodes,
-inferences): a few run, a bounded queue waits a bounded time, the rest get 503 at once
-with a Retry-After estimate instead of piling up threads."""
+inferences), so a burst gets 503 with a Retry-After instead of piling up threads."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ class QueueEvents(Protocol):
 
 
 class Gate:
-    """At most ``slots`` holders at once and ``max_queue`` more waiting, each at most
-    ``queue_timeout`` s; the rest get Overloaded (503). ``work`` names what the holders
-    do, for the refusal's message; Retry-After follows the time a slot is held."""
+    """At most ``slots`` holders and ``max_queue`` waiters, each for ``queue_timeout`` s; the
+    rest get Overloaded (503), its Retry-After from the time a slot is held."""
 
     def __init__(self, *, slots: int = 1, max_queue: int, queue_timeout: float,
                  work: str = "converting other photos", seconds: float = 1.0,

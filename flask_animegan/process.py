@@ -1,6 +1,5 @@
 """Settings that belong to the whole process (torch's threads, warning filters), set once
-by ``gunicorn.conf.py`` and ``init_app``: the first call wins, a later app asking for
-something else is told so in the log."""
+by ``gunicorn.conf.py`` and ``init_app``: the first call wins."""
 
 from __future__ import annotations
 

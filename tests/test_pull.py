@@ -27,7 +27,7 @@ from flask import Flask
 
 from flask_animegan import Generator, load_generator
 from flask_animegan.runtime.catalog import NONCOMMERCIAL, OFFICIAL_STYLES
-from flask_animegan.runtime.weights import file_git_blob_sha1, git_blob_sha1
+from flask_animegan.runtime.weights import file_git_blob_sha1
 
 EXTRA_LICENCE = "CC-BY-4.0 (test weights made by the suite)"
 
@@ -399,6 +399,6 @@ def test_git_blob_sha1_matches_git_hash_object(tmp_path: Path, data: bytes) -> N
     path.write_bytes(data)
     expected = subprocess.run([git, "hash-object", "--no-filters", str(path)], check=True,
                               capture_output=True, text=True, cwd=tmp_path).stdout.strip()
-    assert git_blob_sha1(data) == expected
+    assert blob_sha1(data) == expected
     assert file_git_blob_sha1(path) == expected
 

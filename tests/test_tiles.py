@@ -12,6 +12,7 @@ from conftest import convert, encode_image, open_image, photo
 from flask_animegan import Generator
 from flask_animegan.runtime import tiles
 from flask_animegan.runtime.backends.base import to_pixels
+from flask_animegan.runtime.backends.torch import to_batch
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -26,7 +27,7 @@ def seeded_network(seed: int = 0) -> Generator:
 
 def whole(network: Generator, pixels: np.ndarray) -> np.ndarray:
     with torch.inference_mode():
-        out = network(tiles._to_batch(pixels))[0].permute(1, 2, 0).numpy()
+        out = network(to_batch(np.array(pixels), torch.float32))[0].permute(1, 2, 0).numpy()
     result = to_pixels(out)
     assert result is not None
     return result

@@ -31,17 +31,12 @@ def feather(crop_size: int) -> np.ndarray:
     return mask
 
 
-def _converted(crop: Image.Image, convert_face: Callable[[Image.Image], Image.Image], crop_size: int) -> Image.Image:
-    out = convert_face(crop).convert("RGB")
-    if out.size != (crop_size, crop_size):
-        out = out.resize((crop_size, crop_size), Image.Resampling.BICUBIC)
-    return out
-
-
 def face_crops(picture: Image.Image, faces: list[Face], convert_face: Callable[[Image.Image], Image.Image],
                crop_size: int = 512) -> list[Image.Image]:
     """Each face aligned into a ``crop_size`` square and converted by ``convert_face``."""
-    return [_converted(align_face(picture, face, crop_size), convert_face, crop_size) for face in faces]
+    crops = [convert_face(align_face(picture, face, crop_size)).convert("RGB") for face in faces]
+    return [crop if crop.size == (crop_size, crop_size)
+            else crop.resize((crop_size, crop_size), Image.Resampling.BICUBIC) for crop in crops]
 
 
 def _paste(result: np.ndarray, face: Face, crop: Image.Image, crop_size: int) -> None:

@@ -21,9 +21,9 @@ CASCADE_WINDOW = 24
 #: Where the eyes sit in an upright face box, used when the eye cascade finds no pair.
 EYE_X = (0.30, 0.70)
 EYE_Y = 0.38
-#: A face's least skin-coloured share of its centre, and how far its box may pass the edge.
+#: A face's least skin-coloured share of its centre.
 SKIN_SHARE = 0.4
-EDGE_SHARE = 0.0
+#: The turns that must see a face whose eyes were not found.
 SEEN_TURNS = 3
 #: The cascade's step between window sizes.
 SCALE_STEP = 1.15
@@ -34,10 +34,9 @@ def _cascades() -> tuple[Any, Any, Any, Any]:
     import cv2
 
     folder: str = cv2.data.haarcascades  # type: ignore[attr-defined]  # not in the stubs
-    face = cv2.CascadeClassifier(folder + "haarcascade_frontalface_default.xml")
-    eyes = cv2.CascadeClassifier(folder + "haarcascade_eye.xml")
-    second = cv2.CascadeClassifier(folder + "haarcascade_frontalface_alt2.xml")
-    glasses = cv2.CascadeClassifier(folder + "haarcascade_eye_tree_eyeglasses.xml")
+    face, eyes, second, glasses = (
+        cv2.CascadeClassifier(f"{folder}haarcascade_{name}.xml")
+        for name in ("frontalface_default", "eye", "frontalface_alt2", "eye_tree_eyeglasses"))
     if face.empty() or eyes.empty() or second.empty() or glasses.empty():
         raise RuntimeError(f"OpenCV's Haar cascades are missing from {folder}: "
                            "install opencv-python-headless 4.x (5.x no longer ships them)")
@@ -119,9 +118,9 @@ def _skin_share(rgb: np.ndarray) -> float:
 
 
 def _inside(cx: float, cy: float, side: float, shape: tuple[int, ...]) -> bool:
-    """Whether a face box lies (nearly) within the picture: far over the edge is a mistake."""
+    """Whether a face box lies within the picture: one over the edge is a mistake."""
     height, width = shape[:2]
-    margin = side * (0.5 - EDGE_SHARE)
+    margin = side / 2
     return margin <= cx <= width - margin and margin <= cy <= height - margin
 
 
@@ -185,12 +184,10 @@ def find_faces(image: Image.Image, *, min_size: int, max_faces: int = MAX_FACES)
                 continue
         if eyes is None:
             eyes = ((x + EYE_X[0] * w, y + EYE_Y * w), (x + EYE_X[1] * w, y + EYE_Y * w))
-        left = _apply(back, eyes[0])
-        right = _apply(back, eyes[1])
+        left, right = (_apply(back, eye) for eye in eyes)
         # the roll is the eye line's slope (y grows downwards)
         angle = math.degrees(math.atan2(left[1] - right[1], right[0] - left[0]))
-        left = (left[0] / scale, left[1] / scale)
-        right = (right[0] / scale, right[1] / scale)
+        left, right = (left[0] / scale, left[1] / scale), (right[0] / scale, right[1] / scale)
         full = side / scale
         box = (round(cx / scale - full / 2), round(cy / scale - full / 2), round(full), round(full))
         faces.append(Face(box, left, right, angle if found else roll, weight + (1.0 if found else 0.0), found))

@@ -1,6 +1,5 @@
-"""One count of the web conversions in the app, from before their body is read until their
-response ends: the gates bound each wait, this keeps a thread free for ``/healthz`` and the
-pages over all of them (the CLI and ``convert()`` do not enter it)."""
+"""One count of the web conversions, from before their body is read until their response ends,
+so a thread stays free for ``/healthz`` and the pages (the CLI and ``convert()`` do not count)."""
 
 from __future__ import annotations
 
@@ -36,10 +35,6 @@ class Admission:
     def _leave(self) -> None:
         with self._lock:
             self._admitted -= 1
-
-    @property
-    def admitted(self) -> int:
-        return self._admitted
 
     def status(self) -> dict[str, int]:
         """For ``/healthz``: conversions in the app now, the most at once, refusals so far."""

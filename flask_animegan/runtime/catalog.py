@@ -35,9 +35,6 @@ class StyleInfo:
             return self.url
         return f"{(base_url or UPSTREAM_BASE_URL).rstrip('/')}/{self.name}.pt"
 
-    def installed_at(self, path: Path) -> StyleInfo:
-        return replace(self, path=path)
-
 
 OFFICIAL_STYLES: dict[str, StyleInfo] = {
     s.name: s for s in (
@@ -73,7 +70,7 @@ def describe(name: str, path: Path, catalog: Mapping[str, StyleInfo]) -> StyleIn
     known = catalog.get(name) or SHIPPED_STYLES.get(name)
     if known is None:
         known = StyleInfo(name, "unknown (a file you installed)", "")
-    return known.installed_at(path)
+    return replace(known, path=path)
 
 
 def known_styles(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, StyleInfo]:

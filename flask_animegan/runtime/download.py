@@ -65,17 +65,13 @@ def pull_style(style: StyleInfo, models_dir: Path, *, base_url: str | None = Non
                 "make sure it serves the original file unchanged"
             )
         os.replace(tmp, target)
-        _fsync_dir(models_dir)
+        with contextlib.suppress(OSError):  # the rename outlives a crash
+            fd = os.open(models_dir, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         return target
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

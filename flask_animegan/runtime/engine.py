@@ -18,22 +18,14 @@ from torch import nn
 
 from ..config import Settings
 from ..errors import Overloaded, StyleUnavailable, UnknownStyle
-from .backends import (
-    REFERENCE,
-    Backend,
-    Choice,
-    Runner,
-    default_cache_dir,
-    open_backends,
-    to_pixels,
-    weights_digest,
-)
+from ..gate import Gate, QueueEvents
+from .backends import REFERENCE, Backend, Choice, Runner, open_backends, to_pixels
+from .backends.base import default_cache_dir, weights_digest
 from .backends.fidelity import fidelity_db, min_db
 from .backends.torch import TorchRunner
 from .catalog import StyleInfo
-from ..gate import Gate
 from .generator import Generator
-from .models import LoadedStyle, ModelPool
+from .models import LoadedStyle, LoadEvents, ModelPool
 from .precision import DTYPES, fastest
 from .styles import SHIPPED_STYLES_DIR, StyleRegistry
 from .tiles import run_tiled
@@ -51,12 +43,8 @@ MIN_SIDE = 16
 IDLE_RELEASE_S = 3.0
 
 
-class EngineEvents(Protocol):
+class EngineEvents(QueueEvents, LoadEvents, Protocol):
     """What the engine reports as it runs (the metrics implement it)."""
-
-    def queue_changed(self, in_flight: int, queued: int) -> None: ...
-
-    def model_loaded(self, style: str, seconds: float) -> None: ...
 
 
 class InferenceEngine:
@@ -66,16 +54,13 @@ class InferenceEngine:
     def __init__(self, models_dir: Path, *, catalog: dict[str, StyleInfo],
                  default_style: str | None, max_loaded: int, max_queue: int,
                  queue_timeout: float, precision: str, backend: str = "auto",
-                 model_cache_dir: Path | None = None, threads: int | None = None,
-                 events: EngineEvents | None = None,
-                 shipped_dir: Path | None = SHIPPED_STYLES_DIR, pad_multiple: int = 1) -> None:
+                 model_cache_dir: Path | None = None, events: EngineEvents | None = None,
+                 shipped_dir: Path | None = SHIPPED_STYLES_DIR) -> None:
         self.registry = StyleRegistry(models_dir, catalog, default_style,
                                       shipped_dir=shipped_dir)
         self.requested_backend = backend
         self.requested_precision = precision
-        self.pad_multiple = pad_multiple
         self._model_cache_dir = model_cache_dir
-        self._threads = threads
         # opened on first use (the warm-up): importing openvino is not for every `flask` command
         self._backends: dict[str, Backend] | None = None
         self._missing_backends: dict[str, str] = {}
@@ -97,30 +82,17 @@ class InferenceEngine:
     @property
     def backends(self) -> dict[str, Backend]:
         """The backends this engine may use, torch always among them (opened on first use)."""
-        if self._backends is None:
-            with self._backends_lock:
-                if self._backends is None:
-                    self._open_backends()
-        assert self._backends is not None
-        return self._backends
-
-    @property
-    def missing_backends(self) -> dict[str, str]:
-        """Why a backend ANIMEGAN_BACKEND could use is not available."""
-        self.backends  # noqa: B018 - opens them
-        return dict(self._missing_backends)
-
-    def _open_backends(self) -> None:
-        backends, missing = open_backends(
-            self.requested_backend, cache_dir=self._model_cache_dir,
-            threads=self._threads or torch.get_num_threads())
-        requested = self.requested_backend
-        if requested != "auto" and requested not in backends:
-            log.warning("flask_animegan: ANIMEGAN_BACKEND=%s, but %s; using torch", requested,
-                        missing.get(requested, "it is unavailable"))
-            self.choice = Choice("torch", self.choice.precision)
-        self._missing_backends = missing
-        self._backends = backends
+        with self._backends_lock:
+            if self._backends is None:
+                requested = self.requested_backend
+                self._backends, self._missing_backends = open_backends(
+                    requested, cache_dir=self._model_cache_dir, threads=torch.get_num_threads())
+                if requested != "auto" and requested not in self._backends:
+                    log.warning("flask_animegan: ANIMEGAN_BACKEND=%s, but %s; using torch",
+                                requested,
+                                self._missing_backends.get(requested, "it is unavailable"))
+                    self.choice = Choice("torch", self.choice.precision)
+            return self._backends
 
     @classmethod
     def from_settings(cls, models_dir: Path, settings: Settings, *,
@@ -175,11 +147,11 @@ class InferenceEngine:
 
     # -- loading a style -------------------------------------------------------------
     def _load_style(self, style: StyleInfo) -> LoadedStyle:
-        """Load ``style`` and make its runner; one failing the fidelity guard falls back to fp32."""
         assert style.path is not None, "only installed styles are loaded"
         return self._loaded(style.path, load_generator(style.path), self.choice)
 
     def _loaded(self, path: Path, network: nn.Module, choice: Choice) -> LoadedStyle:
+        """``network`` run by ``choice``; one failing the fidelity guard falls back to fp32."""
         if choice == REFERENCE or choice.backend not in self.backends:
             return LoadedStyle(network, TorchRunner(network, "fp32"))
         if choice.backend == "torch":
@@ -197,23 +169,20 @@ class InferenceEngine:
         if value < min_db(choice.precision):
             if choice.precision == "int8":  # served in the same backend's fp32
                 fallback = self._loaded(path, network, Choice(choice.backend, "fp32"))
-                note = (f"{choice} reached only {value:.1f} dB PSNR against torch fp32 on the "
-                        f"guard photos (needs {min_db('int8'):g}); {self.serving(fallback)} used"
-                        + (f" ({fallback.note})" if fallback.note else ""))
-                log.warning("flask_animegan: style %s: %s", path.stem, note)
-                return LoadedStyle(fallback.network, fallback.runner,
-                                   fidelity_db=fallback.fidelity_db, note=note)
+            else:
+                fallback = LoadedStyle(reference.network, reference, fidelity_db=value)
             note = (f"{choice} reached only {value:.1f} dB PSNR against torch fp32 on the guard "
-                    f"photos (needs {min_db(choice.precision):g}); torch fp32 used")
+                    f"photos (needs {min_db(choice.precision):g}); {self.serving(fallback)} used"
+                    + (f" ({fallback.note})" if fallback.note else ""))
             log.warning("flask_animegan: style %s: %s", path.stem, note)
-            return LoadedStyle(reference.network, reference, fidelity_db=value, note=note)
+            return LoadedStyle(fallback.network, fallback.runner,
+                               fidelity_db=fallback.fidelity_db, note=note)
         return LoadedStyle(network, candidate, fidelity_db=round(value, 1))
 
     # -- getting ready ---------------------------------------------------------------
     def prepare(self, warmup_size: int) -> tuple[nn.Module | None, str | None]:
-        """Load the default style, settle ``auto`` and warm up, once.
-
-        Returns (the default's network, None) or (None, why not)."""
+        """Load the default style, settle ``auto`` and warm up, once; returns (the default's
+        network, None) or (None, why not)."""
         with self._prepare_lock:
             if self.prepared:
                 pinned = self.pool.pinned_model
@@ -367,13 +336,13 @@ class InferenceEngine:
             pass  # busy after all: the next idle moment will do
 
     def forward(self, runner: Runner, pixels: np.ndarray) -> np.ndarray:
-        """Run ``runner`` on uint8 pixels padded to MIN_SIDE and ``pad_multiple``, then
-        cropped back; returns float32 (H, W, 3) in about [-1, 1]."""
+        """Run ``runner`` on uint8 pixels padded to MIN_SIDE, then cropped back; returns
+        float32 (H, W, 3) in about [-1, 1]."""
         height, width = pixels.shape[:2]
         pad_h, pad_w = max(0, MIN_SIDE - height), max(0, MIN_SIDE - width)
         if pad_h or pad_w:
             pixels = np.pad(pixels, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
-        out = runner(padded_to_multiple(pixels, self.pad_multiple))
+        out = runner(pixels)
         return out[:height, :width] if out.shape[:2] != (height, width) else out
 
     def status(self) -> dict[str, Any]:
@@ -388,10 +357,9 @@ class InferenceEngine:
             "torch_interop_threads": torch.get_num_interop_threads(),
             "backend": self.backend,
             "precision": self.precision,
-            "pad_multiple": self.pad_multiple,
             "backend_requested": self.requested_backend,
             "backends_available": list(self.backends),
-            "backends_missing": self.missing_backends,
+            "backends_missing": dict(self._missing_backends),
             "backend_timings": self.timings,
             "backends_refused": self.rejected,
             "precision_timings": self.precision_timings,
@@ -402,14 +370,6 @@ class InferenceEngine:
             **({"openvino": openvino.status()} if openvino is not None else {}),
             **self.gate.status(),
         }
-
-
-def padded_to_multiple(pixels: np.ndarray, multiple: int) -> np.ndarray:
-    """``pixels`` reflect-padded at the bottom and right to multiples of ``multiple``."""
-    more_h, more_w = -pixels.shape[0] % multiple, -pixels.shape[1] % multiple
-    if not more_h and not more_w:
-        return pixels
-    return np.pad(pixels, ((0, more_h), (0, more_w), (0, 0)), mode="reflect")
 
 
 def _give_back_memory(runner: Runner) -> None:

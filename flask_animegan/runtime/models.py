@@ -42,20 +42,17 @@ class LoadedStyle:
     note: str | None = None  # why it runs on another backend than the engine's choice
 
 
-#: Makes a style ready to run from its weights; raises WeightsError for a bad file.
-Loader = Callable[[StyleInfo], LoadedStyle]
-
-
 class ModelPool:
     """Loaded styles by name: ``pinned`` never evicted, ``max_loaded`` others in LRU order,
-    a broken file retried only once it changed."""
+    a broken file retried only once it changed. ``loader`` raises WeightsError for a bad file."""
 
-    def __init__(self, *, max_loaded: int, pinned: str | None, loader: Loader,
+    def __init__(self, *, max_loaded: int, pinned: str | None,
+                 loader: Callable[[StyleInfo], LoadedStyle],
                  events: LoadEvents | None = None) -> None:
         self.pinned = pinned
         self.loader = loader
         self.events = events
-        self._pinned_model: LoadedStyle | None = None
+        self.pinned_model: LoadedStyle | None = None
         self._models: LRUCache[str, LoadedStyle] = LRUCache(maxsize=max_loaded)
         # name -> (public message, details for the log and the CLI, file mtime)
         self._broken: dict[str, tuple[str, str, float | None]] = {}
@@ -65,17 +62,17 @@ class ModelPool:
 
     def get(self, style: StyleInfo) -> LoadedStyle:
         """``style`` ready to run, loading it on first use."""
-        if style.name == self.pinned and self._pinned_model is not None:
-            return self._pinned_model
+        if style.name == self.pinned and self.pinned_model is not None:
+            return self.pinned_model
         with self._loading:
             with self._table:
                 model = self._models.get(style.name)
             if model is None and style.name == self.pinned:
-                model = self._pinned_model
+                model = self.pinned_model
             if model is None:
                 model = self._load(style)
                 if style.name == self.pinned:
-                    self._pinned_model = model
+                    self.pinned_model = model
                 else:
                     with self._table:
                         self._models[style.name] = model
@@ -99,7 +96,7 @@ class ModelPool:
     def replace_pinned(self, model: LoadedStyle) -> None:
         """Serve the pinned style with ``model`` from now on."""
         with self._loading, self._table:
-            self._pinned_model = model
+            self.pinned_model = model
             self._models.clear()  # others reload with the engine's new choice
 
     def mark_broken(self, style: StyleInfo, details: str) -> str:
@@ -112,27 +109,19 @@ class ModelPool:
         with self._table:
             self._models.pop(style.name, None)
         if style.name == self.pinned:
-            self._pinned_model = None
+            self.pinned_model = None
         return public
 
     @property
     def loaded(self) -> list[str]:
-        with self._table:
-            names = list(self._models.keys())
-        if self._pinned_model is not None and self.pinned is not None:
-            names.insert(0, self.pinned)
-        return names
-
-    @property
-    def pinned_model(self) -> LoadedStyle | None:
-        return self._pinned_model
+        return list(self.loaded_styles())
 
     def loaded_styles(self) -> dict[str, LoadedStyle]:
         """Every loaded style by name, the pinned one first."""
         with self._table:
             found = dict(self._models.items())
-        if self._pinned_model is not None and self.pinned is not None:
-            found = {self.pinned: self._pinned_model, **found}
+        if self.pinned_model is not None and self.pinned is not None:
+            found = {self.pinned: self.pinned_model, **found}
         return found
 
     def broken(self) -> dict[str, str]:

@@ -22,16 +22,12 @@ def native_bf16() -> bool:
             and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
-def timing_pixels(side: int) -> np.ndarray:
-    """A fixed side x side uint8 RGB picture to time with (noise: no shortcut applies)."""
-    return np.random.default_rng(side).integers(0, 256, (side, side, 3), dtype=np.uint8)
-
-
 def fastest(candidates: Mapping[str, Callable[[np.ndarray], object]], side: int,
             runs: int = 2) -> tuple[list[str], dict[str, float]]:
     """Time each candidate, best of ``runs`` rounds in turn (CPU flags cannot tell:
     docs/benchmark.md); (names fastest first, seconds)."""
-    pixels = timing_pixels(side)
+    # noise: no shortcut applies
+    pixels = np.random.default_rng(side).integers(0, 256, (side, side, 3), dtype=np.uint8)
     for run in candidates.values():
         run(pixels)  # first call: oneDNN / OpenVINO build their kernels for this shape
     best = dict.fromkeys(candidates, float("inf"))

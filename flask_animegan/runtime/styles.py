@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import StyleUnavailable, UnknownStyle
 from .catalog import STYLE_NAME, StyleInfo, describe
-from .weights import find_style_files, skipped_style_files
+from .weights import find_style_files
 
 log = logging.getLogger("flask_animegan")
 
@@ -38,13 +38,12 @@ class StyleRegistry:
 
     def rescan(self) -> None:
         """Pick up weights files added to (or removed from) the models folder."""
-        own = find_style_files(self.models_dir)
-        shipped = find_style_files(self.shipped_dir) if self.shipped_dir else {}
+        own, skipped = find_style_files(self.models_dir)
+        shipped = find_style_files(self.shipped_dir)[0] if self.shipped_dir else {}
         self.shipped = set(shipped) - set(own)
         files = {**shipped, **own}
         self._installed = {name: describe(name, files[name], self.catalog)
                            for name in sorted(files)}
-        skipped = skipped_style_files(self.models_dir)
         for name, why in skipped.items():
             if name not in self.skipped:
                 log.warning("flask_animegan: ignoring %s in %s: %s", name, self.models_dir, why)

@@ -1,12 +1,10 @@
-"""Large pictures in bounded memory: the generator run in overlapping tiles.
-
-Each tile is normalised with the whole picture's GroupNorm statistics (from a first pass
-at ``STATS_SIDE``), upsamples at the whole picture's coordinates and keeps only its core,
-so the statistics are the only approximation (docs/large-photos.md).
-"""
+"""Large pictures in bounded memory: the generator run in overlapping tiles, each normalised
+with the whole picture's GroupNorm statistics (from a first pass at ``STATS_SIDE``) and
+upsampled at the whole picture's coordinates (docs/large-photos.md)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
@@ -16,6 +14,7 @@ import torch
 from torch import nn
 
 from .backends.base import to_pixels
+from .backends.torch import to_batch
 from .generator import Generator, InvertedResBlock, in_layout
 
 #: Core side of a tile and the context read past it on every side (multiples of 4).
@@ -25,12 +24,8 @@ MARGIN = 48
 STATS_SIDE = 512
 
 
-@dataclass
-class Norms:
-    """Per GroupNorm layer of one picture: the mean and variance over (C, H, W)."""
-
-    mean: dict[nn.GroupNorm, float]
-    var: dict[nn.GroupNorm, float]
+#: Per GroupNorm layer of one picture: the mean and variance over (C, H, W).
+Norms = dict[nn.GroupNorm, tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -101,57 +96,26 @@ def _upsample(x: torch.Tensor, whole_from: tuple[int, int], whole_to: tuple[int,
 _BAND = 32
 
 
-class _Run:
-    """Runs the generator's layers on one tile with fixed statistics, or (``measure``)
-    with its own, recorded into ``norms``. Norms and residuals work in place."""
-
-    def __init__(self, norms: Norms, measure: bool = False) -> None:
-        self.norms = norms
-        self.measure = measure
-
-    def layers(self, module: nn.Module, x: torch.Tensor,
-               factor: int) -> tuple[torch.Tensor, int]:
-        """``module`` on ``x`` at 1/``factor`` resolution; returns the output and factor."""
-        if isinstance(module, nn.GroupNorm):
-            return self.norm(module, x), factor
-        if isinstance(module, InvertedResBlock):
-            inner, _ = self.layers(module.layers, x, factor)
-            return (inner.add_(x) if module.use_res_connect else inner), factor
-        if isinstance(module, nn.Sequential):
-            for child in module:
-                x, factor = self.layers(child, x, factor)
-            return x, factor
-        out: torch.Tensor = module(x)
-        if isinstance(module, nn.Conv2d) and module.stride[0] == 2:
-            factor *= 2
-        return out, factor
-
-    def norm(self, module: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
-        if self.measure:
+def _layers(module: nn.Module, x: torch.Tensor, norms: Norms, measure: bool) -> torch.Tensor:
+    """``module`` on one tile with the statistics in ``norms``, or (``measure``) with its
+    own, recorded into ``norms``. Norms and residuals work in place."""
+    if isinstance(module, nn.GroupNorm):
+        if measure:
             var_t, mean_t = torch.var_mean(x.float(), unbiased=False)
-            self.norms.mean[module], self.norms.var[module] = float(mean_t), float(var_t)
-        mean, var = self.norms.mean[module], self.norms.var[module]
+            norms[module] = float(mean_t), float(var_t)
+        mean, var = norms[module]
         scale = module.weight / (var + module.eps) ** 0.5
         shift = module.bias - mean * scale
         return x.mul_(scale.view(1, -1, 1, 1)).add_(shift.view(1, -1, 1, 1))
-
-
-def measure_norms(network: Generator, batch: torch.Tensor) -> Norms:
-    """Each GroupNorm layer's input mean and variance over the whole of ``batch``."""
-    height, width = batch.shape[2], batch.shape[3]
-    norms = Norms({}, {})
-    with torch.inference_mode():
-        _tile_forward(network, batch, (height, width),
-                      _Tile(0, height, 0, width, (0, height, 0, width)), norms, measure=True)
-    return norms
-
-
-def _to_batch(pixels: np.ndarray, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 (H, W, 3) -> (1, 3, H, W) in [-1, 1], as the runners feed the network."""
-    # a copy of the tile's pixels (a view of a read-only array is no tensor's to share)
-    batch = torch.from_numpy(np.array(pixels, np.uint8)).permute(2, 0, 1).unsqueeze(0)
-    # (H, W, 3) seen as (1, 3, H, W) has channels-last strides already
-    return batch.to(torch.float32).div_(127.5).sub_(1.0).to(dtype)
+    if isinstance(module, InvertedResBlock):
+        inner = _layers(module.layers, x, norms, measure)
+        return inner.add_(x) if module.use_res_connect else inner
+    if isinstance(module, nn.Sequential):
+        for child in module:
+            x = _layers(child, x, norms, measure)
+        return x
+    out: torch.Tensor = module(x)
+    return out
 
 
 def _tile_forward(network: Generator, batch: torch.Tensor, whole: tuple[int, int],
@@ -160,18 +124,16 @@ def _tile_forward(network: Generator, batch: torch.Tensor, whole: tuple[int, int
     height, width = whole
     half = (_half(height), _half(width))
     quarter = (_half(half[0]), _half(half[1]))
-    run = _Run(norms, measure)
-    out, _ = run.layers(network.block_a, batch, 1)
+    run = functools.partial(_layers, norms=norms, measure=measure)
+    out = run(network.block_a, batch)
     half_size = (out.shape[2], out.shape[3])
-    out, _ = run.layers(network.block_b, out, 2)
-    out, _ = run.layers(network.block_c, out, 4)
+    out = run(network.block_c, run(network.block_b, out))
     out = _upsample(out, quarter, half, (tile.top // 4, tile.left // 4),
                     (tile.top // 2, tile.left // 2), half_size)
-    out, _ = run.layers(network.block_d, out, 2)
+    out = run(network.block_d, out)
     out = _upsample(out, half, whole, (tile.top // 2, tile.left // 2), (tile.top, tile.left),
                     (batch.shape[2], batch.shape[3]))
-    out, _ = run.layers(network.block_e, out, 1)
-    out = cast(torch.Tensor, network.out_layer(out))
+    out = cast(torch.Tensor, network.out_layer(run(network.block_e, out)))
     top, bottom, left, right = tile.core
     return out[:, :, top - tile.top:bottom - tile.top, left - tile.left:right - tile.left]
 
@@ -186,14 +148,18 @@ def run_tiled(network: Generator, pixels: np.ndarray, *, tile: int | None = None
     # channels-last: oneDNN's fast path; in place is safe, the gate runs one at a time
     in_layout(network, torch.channels_last)
     with torch.inference_mode():
-        small = _shrink(pixels, stats_side or STATS_SIDE)
-        norms = measure_norms(network, _to_batch(small, dtype))
+        # each GroupNorm layer's input statistics, measured on the whole (shrunk) picture
+        # copies: a view of a read-only array is no tensor's to share
+        small = to_batch(np.array(_shrink(pixels, stats_side or STATS_SIDE)), dtype)
+        rows, cols = small.shape[2], small.shape[3]
+        norms: Norms = {}
+        _tile_forward(network, small, (rows, cols), _Tile(0, rows, 0, cols, (0, rows, 0, cols)),
+                      norms, measure=True)
         layout = tiles(height, width, tile or TILE, margin or MARGIN)
         result = np.empty((height, width, 3), np.uint8)
         for part in layout:
-            out = _tile_forward(network, _to_batch(pixels[part.top:part.bottom,
-                                                         part.left:part.right], dtype),
-                                (height, width), part, norms)
+            read = np.array(pixels[part.top:part.bottom, part.left:part.right])
+            out = _tile_forward(network, to_batch(read, dtype), (height, width), part, norms)
             core = to_pixels(out[0].permute(1, 2, 0).to(torch.float32).numpy())
             if core is None:
                 return None

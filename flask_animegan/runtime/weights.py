@@ -31,12 +31,8 @@ class WeightsError(Exception):
     """A weights file that cannot serve as a generator; the message names the file."""
 
 
-def git_blob_sha1(data: bytes) -> str:
-    """The SHA-1 git gives a file with this content (``git hash-object``)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def file_git_blob_sha1(path: Path) -> str:
+    """The SHA-1 git gives this file (``git hash-object``)."""
     digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -44,27 +40,19 @@ def file_git_blob_sha1(path: Path) -> str:
     return digest.hexdigest()
 
 
-def find_style_files(models_dir: Path) -> dict[str, Path]:
-    """Map style name -> weights file for every valid weights file in ``models_dir``."""
+def find_style_files(models_dir: Path) -> tuple[dict[str, Path], dict[str, str]]:
+    """The weights files in ``models_dir`` by style name, and those not served with why."""
     found: dict[str, Path] = {}
-    if not models_dir.is_dir():
-        return found
-    for path in sorted(models_dir.iterdir()):
-        if path.suffix in WEIGHT_SUFFIXES and STYLE_NAME.fullmatch(path.stem) and path.is_file():
-            found.setdefault(path.stem, path)
-    return found
-
-
-def skipped_style_files(models_dir: Path) -> dict[str, str]:
-    """Weights files in ``models_dir`` that are not served, with the reason (for warnings)."""
     skipped: dict[str, str] = {}
-    if not models_dir.is_dir():
-        return skipped
-    for path in sorted(models_dir.iterdir()):
-        if path.suffix in WEIGHT_SUFFIXES and not STYLE_NAME.fullmatch(path.stem):
+    for path in sorted(models_dir.iterdir()) if models_dir.is_dir() else ():
+        if path.suffix not in WEIGHT_SUFFIXES:
+            continue
+        if not STYLE_NAME.fullmatch(path.stem):
             skipped[path.name] = ("not a valid style name (lowercase letters, digits, '_' and "
                                   "'-', at most 64, starting with a letter or digit); rename it")
-    return skipped
+        elif path.is_file():
+            found.setdefault(path.stem, path)
+    return found, skipped
 
 
 def is_torchscript(path: Path) -> bool:
@@ -94,16 +82,13 @@ def load_generator(path: Path) -> nn.Module:
         raise WeightsError(f"{path}: does not hold a state dict of tensors")
     model = Generator()
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong_shape = sorted(k for k in set(expected) & set(state)
-                         if state[k].shape != expected[k].shape)
-    if missing or unexpected or wrong_shape:
-        details = []
-        for label, keys in (("missing", missing), ("unexpected", unexpected),
-                            ("wrong shape", wrong_shape)):
-            if keys:
-                details.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
+    problems = {"missing": sorted(set(expected) - set(state)),
+                "unexpected": sorted(set(state) - set(expected)),
+                "wrong shape": sorted(k for k in set(expected) & set(state)
+                                      if state[k].shape != expected[k].shape)}
+    details = [f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})"
+               for label, keys in problems.items() if keys]
+    if details:
         raise WeightsError(f"{path}: not AnimeGANv2 generator weights: {'; '.join(details)}")
     not_finite = sorted(k for k, v in state.items()
                         if v.is_floating_point() and not bool(torch.isfinite(v).all()))

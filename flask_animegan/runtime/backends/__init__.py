@@ -1,26 +1,13 @@
-"""What runs a style's network: torch eager or OpenVINO, behind one small interface.
-
-A backend makes a :class:`Runner` (pixels to raw output) in one precision; OpenVINO is an
-optional extra, left out with the reason when it cannot be imported.
-"""
+"""What runs a style's network: torch eager or OpenVINO (an optional extra, left out with
+the reason when it cannot be imported), behind one small interface, :class:`Runner`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .base import (
-    BACKENDS,
-    REFERENCE,
-    Backend,
-    Choice,
-    Runner,
-    default_cache_dir,
-    to_pixels,
-    weights_digest,
-)
+from .base import REFERENCE, Backend, Choice, Runner, to_pixels
 
-__all__ = ["BACKENDS", "REFERENCE", "Backend", "Choice", "Runner", "default_cache_dir",
-           "open_backends", "to_pixels", "weights_digest"]
+__all__ = ["REFERENCE", "Backend", "Choice", "Runner", "open_backends", "to_pixels"]
 
 INSTALL_HINT = "pip install 'flask-animegan[openvino]'"
 

@@ -12,13 +12,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ...config import BACKENDS
-
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
-
-__all__ = ["BACKENDS", "REFERENCE", "Backend", "Choice", "Runner", "default_cache_dir",
-           "to_pixels", "weights_digest"]
 
 
 class Runner(Protocol):

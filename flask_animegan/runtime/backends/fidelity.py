@@ -1,9 +1,6 @@
 """The fidelity guard: a backend and precision serves a style only if its pictures stay
-within ``MIN_PSNR_DB`` of torch fp32's on the package's own photos.
-
-INT8 has its own bar and is judged at two sizes, as quantisation errors grow with size.
-Verdicts are kept per weights file for the life of the process.
-"""
+within ``MIN_PSNR_DB`` of torch fp32's on the package's own photos (INT8: its own bar, at
+two sizes, as its errors grow with size); verdicts are kept per weights file."""
 
 from __future__ import annotations
 
@@ -31,11 +28,6 @@ _verdicts: dict[tuple[str, str, str], float] = {}
 def min_db(precision: str) -> float:
     """The bar a candidate in ``precision`` has to reach."""
     return MIN_PSNR_DB_INT8 if precision == "int8" else MIN_PSNR_DB
-
-
-def sides(precision: str) -> tuple[int, ...]:
-    """The sizes a candidate in ``precision`` is judged at."""
-    return INT8_SIDES if precision == "int8" else (SIDE,)
 
 
 @functools.cache
@@ -77,7 +69,7 @@ def fidelity_db(digest: str, reference: Runner, candidate: Runner) -> float:
         if verdict in _verdicts:
             return _verdicts[verdict]
     value = float("inf")
-    for side in sides(candidate.precision):
+    for side in INT8_SIDES if candidate.precision == "int8" else (SIDE,):
         with _lock:
             expected = _references.get((digest, side))
             if expected is None:

@@ -1,8 +1,5 @@
 """INT8 for the OpenVINO backend: NNCF's post-training quantisation with the recipe that
-``python -m bench.int8`` chose (docs/benchmark.md, INT8 gives why each option).
-
-A quantised style still has to pass the fidelity guard before it serves, else it serves fp32.
-"""
+``python -m bench.int8`` chose (docs/benchmark.md); the fidelity guard still judges it."""
 
 from __future__ import annotations
 

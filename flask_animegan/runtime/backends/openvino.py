@@ -1,16 +1,13 @@
-"""OpenVINO on the CPU: each style converted from its torch module, cached on disk.
-
-A style is traced, converted with dynamic height and width, given its pixel conversions
-and compiled; the converted model and compiled blobs survive a restart in the cache folder.
-GroupNorm is rewritten as MVN, which the CPU plugin runs as fast as a static shape, so no
-shape buckets are needed (buckets would pad, and padding changes GroupNorm's output).
-"""
+"""OpenVINO on the CPU: each style traced, converted with dynamic height and width,
+compiled, and cached on disk. GroupNorm becomes MVN, which runs as fast as a static shape,
+so no shape buckets (padding) are needed."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -45,19 +42,14 @@ PRECISION_HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 #: Side of the tracing input (any size works: height and width are dynamic).
 TRACE_SIDE = 32
 
-_core: ov.Core | None = None
-_core_lock = threading.Lock()
 _compiled: dict[tuple[str, str, int, str], ov.CompiledModel] = {}
 _compiled_lock = threading.Lock()
 
 
+@functools.cache
 def core() -> ov.Core:
     """The process's OpenVINO core (made on first use, not at import)."""
-    global _core
-    with _core_lock:
-        if _core is None:
-            _core = ov.Core()
-        return _core
+    return ov.Core()
 
 
 def version() -> str:
@@ -82,9 +74,8 @@ def convert(network: nn.Module) -> ov.Model:
     return _with_pixel_conversions(model)
 
 
-def _group_norm_as_mvn(model: ov.Model) -> int:
-    """Replace one-group GroupNormalization by MVN times scale plus shift; how many."""
-    replaced = 0
+def _group_norm_as_mvn(model: ov.Model) -> None:
+    """Replace one-group GroupNormalization by MVN times scale plus shift."""
     axes = ops.constant(np.array([1, 2, 3], np.int64))
     per_channel = ops.constant(np.array([1, -1, 1, 1], np.int64))
     for node in model.get_ordered_ops():
@@ -98,9 +89,7 @@ def _group_norm_as_mvn(model: ov.Model) -> int:
         out = ops.add(ops.multiply(normalised, ops.reshape(scale, per_channel, False)),
                       ops.reshape(shift, per_channel, False))
         node.output(0).replace(out.output(0))
-        replaced += 1
     model.validate_nodes_and_infer_types()
-    return replaced
 
 
 def _with_pixel_conversions(model: ov.Model) -> ov.Model:
@@ -150,8 +139,8 @@ class OpenVINORunner:
         self.request = compiled.create_infer_request()
 
     def release_memory(self) -> None:
-        """Give back the buffers sized for the largest picture so far (if another app is
-        using the model, OpenVINO refuses and a later idle moment does it)."""
+        """Give back the buffers sized for the largest picture so far (refused while
+        another app runs the model: a later idle moment does it)."""
         try:
             self.compiled.release_memory()
         except RuntimeError as exc:
@@ -191,16 +180,6 @@ class OpenVINOBackend:
         native = ("fp32", "bf16") if "BF16" in capabilities else ("fp32",)
         return native + (("int8",) if int8_missing() is None else ())
 
-    def config(self, precision: str) -> dict[str, Any]:
-        config: dict[str, Any] = {
-            "INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision],
-            "INFERENCE_NUM_THREADS": self.threads,
-            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
-        }
-        if self.cache_dir is not None:
-            config["CACHE_DIR"] = str(self.cache_dir / "compiled")
-        return config
-
     def runner(self, network: nn.Module, precision: str, weights: Path) -> OpenVINORunner:
         from .base import weights_digest
 
@@ -219,7 +198,10 @@ class OpenVINOBackend:
         source: ov.Model | str
         source, converted = self._model(network, key, precision)
         converted_s = time.perf_counter() - started
-        config = self.config(precision)
+        config: dict[str, Any] = {
+            "INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision],
+            "INFERENCE_NUM_THREADS": self.threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+            **({"CACHE_DIR": str(self.cache_dir / "compiled")} if self.cache_dir else {})}
         try:
             compiled = core().compile_model(source, "CPU", config)
         except RuntimeError:
@@ -241,7 +223,7 @@ class OpenVINOBackend:
         return compiled
 
     def _model(self, network: nn.Module, key: str,
-               precision: str = "fp32") -> tuple[ov.Model | str, bool]:
+               precision: str) -> tuple[ov.Model | str, bool]:
         """The converted (int8: quantised) model, cached or in memory; whether this call made it."""
         if precision == "int8":
             key = int8_key(key)

@@ -12,6 +12,12 @@ from ..generator import in_layout
 from ..precision import DTYPES, native_bf16
 
 
+def to_batch(pixels: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 (H, W, 3) -> (1, 3, H, W) in [-1, 1], channels-last (seen so, it is: no copy)."""
+    batch = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
+    return batch.to(torch.float32).div_(127.5).sub_(1.0).to(dtype)
+
+
 class TorchRunner:
     """The generator in eager mode, channels-last in ``precision``, converted in place
     (for the default style it is also ``service.model``)."""
@@ -25,10 +31,7 @@ class TorchRunner:
 
     def __call__(self, pixels: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            # (H, W, 3) seen as (1, 3, H, W) has channels-last strides already: no copy
-            batch = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
-            batch = batch.to(torch.float32).div_(127.5).sub_(1.0).to(self.dtype)
-            out: torch.Tensor = self.network(batch)
+            out: torch.Tensor = self.network(to_batch(pixels, self.dtype))
             return out[0].permute(1, 2, 0).to(torch.float32).numpy()
 
 
