@@ -1,8 +1,6 @@
 """flask-animegan: photo-to-anime conversion (AnimeGANv2) for Flask apps, fast on CPUs.
 
-The public names are imported on first use: importing a light submodule (the upload
-decoder that runs in helper processes, ``flask_animegan.inputs.decoding``) must not import
-torch.
+The public names are imported on first use, so that a light submodule never imports torch.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Every configuration key the extension reads: the registry, its checks, old names and
-the groups derived from it.
-
-:class:`Settings` (the app's, from ``app.config``) and :class:`ServerSettings` (gunicorn's,
-from the environment) list each ``ANIMEGAN_*`` setting once, with its type, default,
-allowed values and meaning; a field ``max_side`` is the key ``ANIMEGAN_MAX_SIDE``.
-:data:`ALIASES` maps removed and renamed keys to what replaces them; the derived groups
-(:class:`Derived`) are built once from :class:`Settings`. docs/configuration.md's table is
-generated from :data:`REGISTRY`.
-"""
+"""Every ``ANIMEGAN_*`` key, once: :class:`Settings` (the app's) and :class:`ServerSettings`
+(gunicorn's), their checks, the old names (:data:`ALIASES`) and the groups derived from them.
+A field ``max_side`` is the key ``ANIMEGAN_MAX_SIDE``."""
 
 from __future__ import annotations
 
@@ -39,11 +32,9 @@ GiB = 1 << 30
 HOUR, DAY = 3600, 86400
 
 # -- constants: former settings no deployment had a reason to change (docs: why) ------
-#: ``hash_size`` of the cache's perceptual hash: 16 gives 256 bits; another size would
-#: orphan every stored entry.
+#: ``hash_size`` of the cache's perceptual hash (256 bits); another would orphan every entry.
 PHASH_SIZE = 16
-#: Portrait mode leaves faces smaller than this (the side of the face box, in pixels of
-#: the picture as converted) to the scene style: below it a face style draws no face.
+#: Portrait mode leaves faces with a smaller box side (in pixels) to the scene style.
 PORTRAIT_MIN_FACE = 48
 #: Largest ratio of an upload's long side to its short side (a strip inflates memory).
 MAX_ASPECT_RATIO = 20.0
@@ -59,16 +50,14 @@ MAX_FRAME_PIXELS = 4_000_000
 FRAMES_PER_CONVERSION = 25
 #: Seconds between two reports of a job's worker while it converts (between frames).
 JOB_REPORT_SECONDS = 0.5
-#: A running job whose worker has not reported for this long is taken for dead: many
-#: report intervals, and more than one frame takes on a slow CPU.
+#: A running job whose worker has not reported for this long is taken for dead.
 JOB_STALL_SECONDS = 40 * JOB_REPORT_SECONDS
 #: A job may run this many seconds per frame it may have (ANIMEGAN_MAX_FRAMES).
 JOB_SECONDS_PER_FRAME = 3
 #: gunicorn's worker timeout and graceful timeout (its --timeout, --graceful-timeout win).
 WORKER_TIMEOUT, GRACEFUL_TIMEOUT = 120, 60
 
-#: A check beyond type and range: the value -> None when usable, else what is wrong and
-#: how to fix it (completing "ANIMEGAN_X=value ...").
+#: A check beyond type and range: None when usable, else the problem and its fix.
 Check = Callable[[Any], "str | None"]
 
 
@@ -83,10 +72,8 @@ class SettingError(ValueError):
 def _setting(default: Any, kind: type, meaning: str, *, low: float | None = None,
              high: float | None = None, choices: tuple[str, ...] = (),
              check: Check | None = None) -> Any:
-    """A field of :class:`Settings`: its default, its type (environment values convert
-    to it), its meaning (the configuration table) and what values it allows: ``low`` to
-    ``high`` for numbers, ``choices`` or a ``check`` for strings. A default of None
-    means the setting may be unset."""
+    """A field of :class:`Settings` with its type, meaning and allowed values (``low`` to
+    ``high``, ``choices`` or a ``check``); a default of None means it may be unset."""
     metadata = {"kind": kind, "meaning": meaning, "low": low, "high": high,
                 "choices": choices, "check": check}
     if isinstance(default, (dict, list)):
@@ -125,12 +112,10 @@ def _header_value(value: str) -> str | None:
 
 
 def _rate_limit(value: str) -> str | None:
-    """a flask-limiter limit, e.g. `5 per minute` or `5/minute;100/day`; empty: off
-
-    Parsed by flask-limiter's own parser (``limits.parse_many``): a limit it cannot parse
-    would otherwise be skipped at every request, i.e. no limit at all."""
+    """a flask-limiter limit, e.g. `5 per minute` or `5/minute;100/day`; empty: off"""
     if value == "":
         return None  # documented: empty disables the limit
+    # flask-limiter's own parser: a limit it cannot parse would be skipped, i.e. no limit
     from limits import parse_many
 
     try:
@@ -151,19 +136,13 @@ _ZERO_WINDOW = re.compile(r"(?:/|\bper\b)\s*0+\s*[a-z]", re.IGNORECASE)
 
 
 def uri_scheme(uri: str) -> str:
-    """The scheme of a URI, lower case (``redis`` of ``redis://host``); '' without one.
-    The one parser of storage URIs: the stores, the job queue and the limiter use it."""
+    """The scheme of a URI, lower case (``redis`` of ``redis://host``); '' without one."""
     return uri.split("://", 1)[0].lower() if "://" in uri else ""
 
 
 def is_redis(uri: str) -> bool:
     """Whether ``uri`` names a Redis server (``redis://``, ``rediss://``, ``unix://``)."""
     return uri_scheme(uri) in REDIS_SCHEMES
-
-
-def limiter_uri(uri: str) -> str:
-    """A storage URI as flask-limiter spells it: ``unix://`` is its ``redis+unix://``."""
-    return "redis+" + uri if uri_scheme(uri) == "unix" else uri
 
 
 def _storage_uri(value: str) -> str | None:
@@ -199,8 +178,7 @@ def _extra_styles(value: dict[str, Any]) -> str | None:
 
 
 class Hook:
-    """The kind of a setting that names code of the site: a callable, or its dotted path
-    (``"site.auth.is_admin"`` or ``"site.auth:is_admin"``), imported in ``init_app``."""
+    """The kind of a setting that names a callable of the site, or its dotted path."""
 
 
 def _dotted(value: Any) -> bool:
@@ -242,10 +220,8 @@ def available_cpus() -> int:
 
 @dataclass(frozen=True)
 class Settings:
-    """The extension's settings for one app, read once from ``app.config`` and checked.
-
-    Each field is one row of the registry: its type (the annotation), default, allowed
-    values and meaning sit side by side in its ``_setting(...)``."""
+    """The extension's settings for one app, read once from ``app.config`` and checked;
+    each field is one row of the registry."""
 
     models_dir: str = _setting(
         'models', str,
@@ -254,30 +230,24 @@ class Settings:
         check=_not_empty)
     shipped_styles: bool = _setting(
         True, bool,
-        'Also serve the styles shipped inside the package (`toon_demo`, a small demo '
-        'style) besides those of ANIMEGAN_MODELS_DIR, where a file of the same name wins; '
-        'false serves only the models folder.')
+        'Also serve the styles shipped inside the package (`toon_demo`); false: only '
+        'ANIMEGAN_MODELS_DIR.')
     default_style: str | None = _setting(
         None, str,
-        'Style used when a request names none; unset picks the first installed of '
-        "`paprika`, `face_paint_512_v2`, else the models folder's first alphabetically, "
-        'else the shipped `toon_demo`. Must be installed, or an official style not pulled '
-        'yet (checked at start).')
+        'Style used when a request names none; unset: `paprika` or `face_paint_512_v2` if '
+        "installed, else the first of the models folder, else `toon_demo` (docs/styles.md).")
     portrait_scene_style: str | None = _setting(
         None, str,
-        'Portrait mode (a face style, or `portrait=on`): the style the whole picture '
-        'is converted with before the faces, converted with the face style, are pasted '
-        'back; unset: the default style. Must be installed (checked at start).',
+        'Portrait mode: the style of the whole picture, onto which the faces converted '
+        'with the face style are pasted back; unset: the default style.',
         check=_not_empty)
     portrait_max_faces: int = _setting(
         8, int,
-        'Portrait mode: at most this many faces are converted in one picture (the '
-        'largest); the others are left to the scene style.',
+        'Portrait mode: the most faces converted in one picture (the largest ones).',
         low=1, high=64)
     url_prefix: str = _setting(
         '/animegan', str,
-        "URL prefix of the blueprint. `/` mounts it at the site's root; a prefix that "
-        "puts one of its routes where the app already has one stops the app at start.",
+        "URL prefix of the blueprint; `/` mounts it at the site's root.",
         check=_url_prefix)
     max_side: int = _setting(
         512, int,
@@ -286,12 +256,8 @@ class Settings:
         low=16, high=8192)
     max_output_side: int | None = _setting(
         None, int,
-        'Largest long side a photo may ask for, in pixels; unset: ANIMEGAN_MAX_SIDE. '
-        'Sizes above ANIMEGAN_MAX_SIDE (and above 512 px, which the tiles\' statistics '
-        'pass runs whole anyway) run in overlapping tiles in bounded memory '
-        '(docs/large-photos.md) and cost (size / ANIMEGAN_MAX_SIDE)^2 conversions of '
-        'the rate limit, at most its whole window. Animations and videos stay within '
-        'ANIMEGAN_MAX_SIDE.',
+        'Largest long side a photo may ask for; unset: ANIMEGAN_MAX_SIDE. Larger sizes run '
+        'in tiles and cost more of the rate limit (docs/large-photos.md).',
         low=16, high=16384)
     max_upload_bytes: int = _setting(
         16 * 1024 * 1024, int,
@@ -299,21 +265,17 @@ class Settings:
         low=1, high=4 * GiB)
     max_pixels: int = _setting(
         40000000, int,
-        'Largest accepted image area (width x height) read from the file header, '
-        'checked before decoding; guards against decompression bombs.',
+        'Largest image area (width x height), read from the header before decoding.',
         low=1, high=10**9)
     max_decode_bytes: int = _setting(
         192 * 1024 * 1024, int,
-        "Largest memory one decode may need at its peak, estimated from the header "
-        "before any pixel is decoded: Pillow's storage for the mode, the decoder's own "
-        "buffers (WebP canvases, a progressive JPEG's coefficients), every copy on the "
-        "way to the fitted RGB image, and the metadata Pillow keeps. Larger images get 413.",
+        "Largest memory one decode may need at its peak, estimated from the header before "
+        "decoding (docs/http-api.md); larger images get 413.",
         low=1, high=64 * GiB)
     decode_isolation: str = _setting(
         'process', str,
-        '`process`: decode uploads in helper processes with a memory limit, killed '
-        f'after {DECODE_TIMEOUT:g} s; `thread`: decode in the server process (same '
-        'checks and gate, no hard limits).',
+        f'`process`: decode uploads in helper processes with a memory limit and a '
+        f'{DECODE_TIMEOUT:g} s timeout; `thread`: in the server process, without them.',
         choices=ISOLATIONS)
     rate_limit: str = _setting(
         '5 per minute', str,
@@ -322,31 +284,23 @@ class Settings:
         check=_rate_limit)
     storage_uri: str = _setting(
         'memory://', str,
-        'Where the result cache (and, unless ANIMEGAN_STATE_STORAGE_URI is set, the state) '
-        'lives: `memory://` (this process, bounded by the *_MAX_BYTES settings) or '
-        '`redis://[:password@]host:port/db` / `rediss://...` (shared by every instance; '
-        'bound it with Redis `maxmemory` and an LRU policy). If Redis is unreachable or '
-        'full, conversions go on without the cache.',
+        'Where the result cache (and, by default, the state) lives: `memory://` (this '
+        'process) or `redis://host:port/db` (shared by every instance; docs/deployment.md).',
         check=_storage_uri)
     state_storage_uri: str | None = _setting(
         None, str,
-        'Where the state that must not be evicted lives: the rate-limit counts, the result '
-        'pages of form uploads and the jobs; unset uses ANIMEGAN_STORAGE_URI. Several '
-        'instances: a Redis with `noeviction` (deploy/redis-state.conf), so that cache '
-        'traffic never evicts a count, a page or a job. `memory://` counts per process; '
-        'with Redis, counts fall back to per-process memory while it is unreachable or full.',
+        'Where the rate-limit counts, result pages and jobs live; unset: ANIMEGAN_STORAGE_URI. '
+        'Several instances: a Redis with `noeviction` (docs/deployment.md).',
         check=_state_storage_uri)
     trusted_proxies: int = _setting(
         0, int,
-        'Reverse proxies in front of the app that append to X-Forwarded-For; the rate '
-        'limit keys on the address the outermost trusted one saw (entries that are not '
-        'IP addresses are ignored). They must be the only way in. 0: ignore the header.',
+        'Reverse proxies in front of the app that append to X-Forwarded-For (they must be '
+        'the only way in); 0: ignore the header.',
         low=0, high=32)
     cache_scope: str = _setting(
         'client', str,
-        'Who shares cached results: `client` (default: only requests with the same '
-        'rate-limit key, the client address) or `global` (every client; a result then '
-        'reveals that someone converted the same photo recently).',
+        'Who shares cached results: `client` (requests from the same address) or `global` '
+        '(every client, which reveals that someone converted the same photo).',
         choices=CACHE_SCOPES)
     cache_ttl: int = _setting(
         3600, int,
@@ -354,21 +308,18 @@ class Settings:
         low=0, high=30 * DAY)
     cache_max_bytes: int = _setting(
         64 * 1024 * 1024, int,
-        'Byte budget of the in-memory result cache (least recently used results are evicted '
-        'first); an entry holds its result and an 11 KiB fingerprint of its input, '
-        'never the upload (docs/http-api.md); 0: no cache in memory.',
+        'Byte budget of the in-memory result cache (least recently used evicted first); '
+        '0: no cache in memory.',
         low=0, high=64 * GiB)
     phash_max_distance: int = _setting(
         6, int,
-        'Largest Hamming distance between two perceptual hashes that may share a result '
-        f'(the rest of the cache rule, in docs/http-api.md, must hold too); a hash has '
-        f'{PHASH_SIZE ** 2} bits.',
+        f'Largest Hamming distance between two {PHASH_SIZE ** 2}-bit perceptual hashes that '
+        'may share a result (docs/http-api.md).',
         low=0, high=PHASH_SIZE ** 2)
     result_ttl: int = _setting(
         3600, int,
-        "Seconds a result stays available: a form upload's result page (and its images), "
-        "a job's record, result and preview (renewed while the job runs; its upload is "
-        'dropped when it ends).',
+        "Seconds a result stays available: a form upload's result page, a job's record, "
+        'result and preview.',
         low=60, high=30 * DAY)
     result_max_bytes: int = _setting(
         64 * 1024 * 1024, int,
@@ -376,35 +327,25 @@ class Settings:
         low=1, high=64 * GiB)
     torch_threads: int | None = _setting(
         None, int,
-        'torch intra-op threads; unset uses the CPUs this process may run on '
-        '(`os.sched_getaffinity`).',
+        'torch intra-op threads; unset: the CPUs this process may run on.',
         low=1, high=1024)
     precision: str = _setting(
         'auto', str,
-        'Inference precision: `auto` (at startup, time the default style in fp32, '
-        'bf16 where this CPU computes it natively, and, with the `int8` extra, OpenVINO '
-        'INT8, and keep the fastest that passes the fidelity guard), `fp32`, `bf16` or '
-        '`int8` (OpenVINO with NNCF; each style is quantised once, cached like the '
-        'compiled models, and served in INT8 only if it stays within 35 dB PSNR of torch '
-        'fp32 at two sizes, else in OpenVINO fp32).',
+        'Inference precision: `auto` (time each this CPU can run at startup and keep the '
+        'fastest faithful one), `fp32`, `bf16` or `int8` (OpenVINO; docs/benchmark.md).',
         choices=PRECISIONS)
     backend: str = _setting(
         'auto', str,
-        'What runs the network: `auto` (at startup, time torch and, with the `openvino` '
-        'extra installed, OpenVINO in each precision ANIMEGAN_PRECISION allows on the '
-        'default style, and keep the fastest whose pictures stay within 40 dB PSNR of '
-        'torch fp32), `torch` or `openvino` (torch, with a warning, if the extra is '
-        'missing). Each style is checked when it loads; one that fails runs on torch fp32.',
+        'What runs the network: `auto` (time torch and, if installed, OpenVINO at startup '
+        'and keep the fastest faithful one), `torch` or `openvino`.',
         choices=("auto", *BACKENDS))
     model_cache_dir: str | None = _setting(
         None, str,
-        "Folder for OpenVINO's converted styles and compiled models, so that a restart "
-        'converts and compiles nothing; unset: `$XDG_CACHE_HOME/flask-animegan` (else '
-        '`~/.cache/flask-animegan`); empty: no cache. Relative to the working directory.')
+        "Folder for OpenVINO's converted and compiled styles; unset: "
+        '`$XDG_CACHE_HOME/flask-animegan`; empty: no cache.')
     max_queue: int = _setting(
         2, int,
-        'Conversions allowed to wait while one runs; more get 503 with Retry-After. '
-        "Keep it below the server's thread count so the 503 can be sent.",
+        'Conversions allowed to wait while one runs; more get 503 with Retry-After.',
         low=0, high=1024)
     queue_timeout: float = _setting(
         60.0, float,
@@ -412,12 +353,8 @@ class Settings:
         low=0.01, high=HOUR)
     job_queue: str = _setting(
         'auto', str,
-        'Where jobs (animations and videos, `POST {prefix}/jobs`) wait and run: `rq` '
-        '(an RQ queue on the Redis of ANIMEGAN_STATE_STORAGE_URI, else ANIMEGAN_STORAGE_URI, '
-        'converted by `flask animegan worker` processes on any machine that reaches it), '
-        '`local` (one in-process worker thread per app process, one job at a time: '
-        'single-machine) or `auto` (`rq` when that storage is Redis, else `local`). `rq` '
-        'without a Redis storage stops the app at start.',
+        'Where animation and video jobs run: `rq` (on the state Redis, by `flask animegan '
+        'worker` processes), `local` (a thread per app process) or `auto` (`rq` with Redis).',
         choices=JOB_QUEUES)
     job_max_queue: int = _setting(
         16, int,
@@ -429,8 +366,7 @@ class Settings:
         low=1, high=1000)
     max_frames: int = _setting(
         600, int,
-        'Most frames one animation or video may have (read from its header, checked again '
-        'while decoding); more get 413.',
+        'Most frames one animation or video may have; more get 413.',
         low=1, high=1000000)
     max_seconds: float = _setting(
         30.0, float,
@@ -450,9 +386,7 @@ class Settings:
         low=1, high=64)
     warmup_size: int = _setting(
         256, int,
-        'Side of the square image of the warm-up inference, run when the serving '
-        "process warms up (gunicorn.conf.py's post_worker_init, or `warm_up()`); 0 "
-        'skips it.',
+        'Side of the square image of the warm-up inference; 0 skips it.',
         low=0, high=8192)
     weights_base_url: str | None = _setting(
         None, str,
@@ -461,8 +395,8 @@ class Settings:
         check=_http_url)
     extra_styles: dict[str, dict[str, Any]] = _setting(
         {}, dict,
-        'Extra pullable styles: a mapping of name to a dict with `url`, `sha1` (git '
-        'blob SHA-1) and optionally `licence`, `description`, `face`.',
+        'Extra pullable styles: name to a dict with `url`, `sha1` (git blob SHA-1) and '
+        'optionally `licence`, `description`, `face`.',
         check=_extra_styles)
     health_details: str = _setting(
         'local', str,
@@ -472,43 +406,35 @@ class Settings:
     content_security_policy: str = _setting(
         "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'", str,
         "Content-Security-Policy header of the blueprint's responses; empty leaves it out. "
-        'With your own layout (ANIMEGAN_BASE_TEMPLATE), the default is not sent: your site '
-        'sends its own policy (allow `blob:` images); a policy you set here is sent.',
+        'Not sent by default under your own layout (docs/site-integration.md).',
         check=_header_value)
     csrf: bool = _setting(
         True, bool,
-        "The extension's own CSRF token on the upload form (the JSON API needs none). It "
-        "needs the app's `SECRET_KEY`: without one the app refuses to start. With Flask-WTF's "
-        "`CSRFProtect` on the app, its token and check are used instead.")
+        "A CSRF token on the upload form (needs `SECRET_KEY`); Flask-WTF's `CSRFProtect`, "
+        'if the app has it, is used instead.')
     page_decorators: list[Any] = _setting(
         [], list,
-        'View decorators (or their dotted paths) that guard the pages: the form, its '
-        'results and the job page, e.g. `["flask_login.login_required"]` '
-        '(docs/site-integration.md). Each checks the request and answers it (a redirect to '
-        'the login page) or lets it through; `/healthz` and the static files stay open.',
+        'View decorators (or their dotted paths) that guard the pages, e.g. '
+        '`["flask_login.login_required"]` (docs/site-integration.md).',
         check=_decorators)
     api_decorators: list[Any] = _setting(
         [], list,
-        'View decorators (or their dotted paths) that guard the JSON/image API (`/convert`, '
-        '`/styles`, `/jobs`, ...; not `/healthz`, `/metrics` or `/openapi.json`). A redirect '
-        'they answer becomes a 401 JSON error with its `login_url`.',
+        'View decorators (or their dotted paths) that guard the JSON/image API; a redirect '
+        'they answer becomes a 401 JSON error.',
         check=_decorators)
     admin_check: Any = _setting(
         None, Hook,
-        "A callable (or its dotted path) that says whether the current visitor runs the "
-        "site: only then does the page show the administrator's hints (`flask animegan "
-        "pull ...`). Unset: shown only in debug mode to clients on loopback.",
+        "A callable (or its dotted path) that says whether the visitor runs the site and may "
+        "see the administrator's hints; unset: debug mode on loopback.",
         check=_hook)
     sample_size: int = _setting(
         128, int,
-        "Long side of the style samples in the page's style picker, converted from a "
-        'bundled photo at warm-up (or on first view); 0: no samples.',
+        "Long side of the samples in the page's style picker; 0: no samples.",
         low=0, high=1024)
     metrics: bool = _setting(
         False, bool,
-        'Serve Prometheus metrics at `{prefix}/metrics` (needs `prometheus_client`; '
-        'under gunicorn, `gunicorn.conf.py` turns on its multiprocess mode). Restrict '
-        'who can reach that path.')
+        'Serve Prometheus metrics at `{prefix}/metrics` (needs `prometheus_client`); '
+        'restrict who can reach that path.')
     base_template: str = _setting(
         'animegan/base.html', str,
         "Template the pages extend; point it at your site's layout, and set "
@@ -522,11 +448,10 @@ class Settings:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
-        """Read every ``ANIMEGAN_*`` key (missing ones take their defaults) and check them
-        all; :class:`SettingError` names the first unusable key and the fix."""
+        """Read and check every ``ANIMEGAN_*`` key (missing ones take their defaults)."""
         settings = cls(**{setting.field: config[setting.name] for setting in SETTINGS
                           if setting.name in config})
-        settings.validate()  # every value once, in the registry's order, then the rules between
+        settings.validate()
         return settings
 
     # -- derived values ---------------------------------------------------------
@@ -559,8 +484,7 @@ class Settings:
 
     # -- checks ----------------------------------------------------------------
     def validate(self) -> None:
-        """Check every value against the registry, then the rules between settings;
-        raise :class:`SettingError` naming the key and the fix."""
+        """Check every value, then the rules between settings (:class:`SettingError`)."""
         for setting in SETTINGS:
             setting.checked(getattr(self, setting.field))
         if self.max_output_side is not None and self.max_output_side < self.max_side:
@@ -576,9 +500,8 @@ class Settings:
 
 
 class AnimeGANOptions(TypedDict, total=False):
-    """The keyword options of ``AnimeGAN(app, **options)``: the fields of :class:`Settings`
-    with their types, so that editors and mypy check them (tests/test_settings.py keeps
-    the two equal; mypy reads no TypedDict built at run time)."""
+    """The keyword options of ``AnimeGAN(app, **options)``, typed for editors and mypy
+    (tests/test_settings.py keeps them equal to the fields of :class:`Settings`)."""
 
     models_dir: str
     shipped_styles: bool
@@ -638,8 +561,7 @@ _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False",
 
 @dataclass(frozen=True)
 class Setting:
-    """One row of the registry (and of the configuration table), made from a field of
-    :class:`Settings`: the key, its default, meaning, type and allowed values."""
+    """One row of the registry and of the configuration table."""
 
     name: str
     default: Any
@@ -656,7 +578,6 @@ class Setting:
 
     @property
     def optional(self) -> bool:
-        """Whether the setting may be unset (None): those whose default is None."""
         return self.default is None
 
     def allowed(self) -> str:
@@ -686,8 +607,7 @@ class Setting:
         return "..."
 
     def checked(self, value: Any) -> Any:
-        """``value`` if this setting can use it, else :class:`SettingError` saying why and
-        what to give instead. The one check: ``init_app`` and :func:`from_environ` use it."""
+        """``value`` if this setting can use it, else :class:`SettingError`."""
         if value is None and self.optional:
             return None
         if not _is_kind(value, self.kind):
@@ -746,35 +666,25 @@ def _rows(settings_class: type) -> tuple[Setting, ...]:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """What ``gunicorn.conf.py`` reads from the environment (never ``app.config``); for
-    the rest of gunicorn's settings its own flags or ``GUNICORN_CMD_ARGS`` serve."""
+    """What ``gunicorn.conf.py`` reads from the environment (never ``app.config``)."""
 
     server_threads: int | None = _setting(
         None, int,
-        'gunicorn request threads per worker (`gthread`; `--threads` wins): one per '
-        'conversion the app admits at once (1 + ANIMEGAN_MAX_QUEUE) and one for `/healthz` '
-        'and the pages; unset: ANIMEGAN_MAX_QUEUE + 2. A worker with fewer refuses to start.',
+        'gunicorn request threads per worker (`--threads` wins); unset: ANIMEGAN_MAX_QUEUE + 2, '
+        'the fewest a worker starts with.',
         low=1, high=1024)
     access_log: str = _setting(
         '-', str,
-        'gunicorn access log file (`-`: stdout; empty: none). Result tokens in it are '
-        'written `<redacted>`.')
+        'gunicorn access log file (`-`: stdout; empty: none).')
     control_socket: str = _setting(
         '', str,
-        "Path of this instance's gunicorn control socket (`gunicornc`); empty: none, so "
-        "that two instances of one user never take each other's over.")
+        "Path of this instance's gunicorn control socket (`gunicornc`); empty: none.")
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
-        """The server settings in ``environ`` (default: ``os.environ``), converted and
-        checked like the app's; old names warn and still count."""
+        """The server settings in ``environ`` (default: ``os.environ``), checked."""
         values = _read_environ(environ, SERVER_SETTINGS)
         return cls(**{name[len(PREFIX):].lower(): value for name, value in values.items()})
-
-    def threads_for(self, max_queue: int) -> int:
-        """Request threads: the configured number, else one per conversion admitted at
-        once (1 + ``max_queue``) and one for /healthz and the pages."""
-        return self.server_threads or max_queue + 2
 
 
 SETTINGS: tuple[Setting, ...] = _rows(Settings)
@@ -787,14 +697,12 @@ _BY_NAME = {s.name: s for s in SETTINGS}
 
 # -- old names ----------------------------------------------------------------------------
 class RemovedSettingWarning(FutureWarning):
-    """An old setting name, still read for one release: the message says what replaces it.
-    A FutureWarning, so that Python shows it to the operator by default."""
+    """An old setting name, still read for one release (a FutureWarning: shown by default)."""
 
 
 @dataclass(frozen=True)
 class Alias:
-    """An old name: ``new`` takes its value when ``new`` itself is unset; else ``fix``
-    says what became of it. ``gunicorn``: the gunicorn setting it still sets."""
+    """An old name: its ``new`` name, else the ``fix``; ``gunicorn``: the setting it gives."""
 
     new: str | None = None
     fix: str = ""
@@ -849,9 +757,8 @@ ALIASES: dict[str, Alias] = {
 
 
 def apply_aliases(config: MutableMapping[str, Any], *, server: bool = False) -> dict[str, Any]:
-    """Take the old names out of ``config`` (the app's, or the server's with ``server``),
-    each with one :class:`RemovedSettingWarning`; a renamed one's value goes to its new
-    key when that is unset. Returns the old names' values by gunicorn setting (``bind``...)."""
+    """Take the old names out of ``config``, each with a warning, giving a renamed one's value
+    to its new key if unset. Returns the old names' values by gunicorn setting."""
     gunicorn: dict[str, Any] = {}
     for old, alias in ALIASES.items():
         if old not in config or alias.server != server:
@@ -877,18 +784,13 @@ def unknown_keys(config: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 def from_environ(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Return the app's ANIMEGAN_* settings present in ``environ`` (default:
-    ``os.environ``), converted to their types and checked by the registry
-    (:class:`SettingError` names the variable and the fix); old names warn and count.
-
-    Numbers and switches are parsed from text, a mapping from JSON; an empty variable
-    unsets an optional setting (automatic choice) and turns a switch off."""
+    """The app's ANIMEGAN_* settings in ``environ`` (default: ``os.environ``), converted and
+    checked; an empty variable unsets an optional setting and turns a switch off."""
     return _read_environ(environ, SETTINGS)
 
 
 def gunicorn_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """gunicorn settings that old ANIMEGAN_* names (``ANIMEGAN_BIND``...) still give, each
-    with a :class:`RemovedSettingWarning`: gunicorn checks and converts the strings."""
+    """gunicorn settings that old names (``ANIMEGAN_BIND``...) still give, with a warning."""
     found = {key: value for key, value in (os.environ if environ is None else environ).items()
              if ALIASES.get(key, Alias()).gunicorn}
     return apply_aliases(found, server=True)
@@ -961,10 +863,8 @@ class MediaLimits:
     max_frames: int = 600
     max_seconds: float = 30.0
     max_fps: float = MAX_FPS
-    #: per frame
-    max_pixels: int = MAX_FRAME_PIXELS
-    #: frames times pixels a frame
-    max_total_pixels: int = 600 * MAX_FRAME_PIXELS
+    max_pixels: int = MAX_FRAME_PIXELS  # per frame
+    max_total_pixels: int = 600 * MAX_FRAME_PIXELS  # frames times pixels a frame
 
 
 @dataclass(frozen=True)
@@ -978,40 +878,13 @@ class PortraitLimits:
 
 @dataclass(frozen=True)
 class StorageURIs:
-    """Where things live: ``cache`` (evictable), ``state`` (counts, result pages, jobs:
-    never evicted) and ``limiter`` (the state in flask-limiter's spelling); ``state_key``
-    is the setting that gave ``state``, for error messages."""
+    """Where the cache and the state (counts, result pages, jobs) live; ``limiter`` is the
+    state in flask-limiter's spelling, ``state_key`` the setting that gave it."""
 
     cache: str = "memory://"
     state: str = "memory://"
     limiter: str = "memory://"
     state_key: str = "ANIMEGAN_STORAGE_URI"
-
-
-def decode_limits(settings: Settings) -> DecodeLimits:
-    """The decode limits of ``settings``: ANIMEGAN_MAX_PIXELS and _MAX_DECODE_BYTES."""
-    return DecodeLimits(max_pixels=settings.max_pixels, max_bytes=settings.max_decode_bytes)
-
-
-def media_limits(settings: Settings) -> MediaLimits:
-    """The media limits of ``settings``: ANIMEGAN_MAX_FRAMES and _MAX_SECONDS; the total
-    is every frame at its largest."""
-    return MediaLimits(max_frames=settings.max_frames, max_seconds=settings.max_seconds,
-                       max_total_pixels=settings.max_frames * MAX_FRAME_PIXELS)
-
-
-def portrait_limits(settings: Settings) -> PortraitLimits:
-    """Portrait mode's settings: ANIMEGAN_PORTRAIT_SCENE_STYLE and _MAX_FACES."""
-    return PortraitLimits(scene_style=settings.portrait_scene_style,
-                          max_faces=settings.portrait_max_faces)
-
-
-def storage_uris(settings: Settings) -> StorageURIs:
-    """The storage URIs of ``settings``: the state falls back to ANIMEGAN_STORAGE_URI."""
-    state = settings.state_storage
-    return StorageURIs(cache=settings.storage_uri, state=state, limiter=limiter_uri(state),
-                       state_key=("ANIMEGAN_STATE_STORAGE_URI" if settings.state_storage_uri
-                                  else "ANIMEGAN_STORAGE_URI"))
 
 
 @dataclass(frozen=True)
@@ -1025,5 +898,16 @@ class Derived:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Derived:
-        return cls(decode_limits(settings), media_limits(settings), portrait_limits(settings),
-                   storage_uris(settings))
+        state = settings.state_storage
+        return cls(
+            DecodeLimits(max_pixels=settings.max_pixels, max_bytes=settings.max_decode_bytes),
+            # the total: every frame at its largest
+            MediaLimits(max_frames=settings.max_frames, max_seconds=settings.max_seconds,
+                        max_total_pixels=settings.max_frames * MAX_FRAME_PIXELS),
+            PortraitLimits(scene_style=settings.portrait_scene_style,
+                           max_faces=settings.portrait_max_faces),
+            # flask-limiter spells unix:// redis+unix://
+            StorageURIs(cache=settings.storage_uri, state=state,
+                        limiter="redis+" + state if uri_scheme(state) == "unix" else state,
+                        state_key=("ANIMEGAN_STATE_STORAGE_URI" if settings.state_storage_uri
+                                   else "ANIMEGAN_STORAGE_URI")))

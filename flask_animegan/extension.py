@@ -32,7 +32,7 @@ from .process import configure_process
 from .runtime.catalog import STYLE_NAME, known_styles
 from .runtime import tiles
 from .runtime.engine import InferenceEngine
-from .service import AnimeGANService, get_service
+from .service import AnimeGANService
 from .cli import commands as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
 from .web import jobs as _jobs  # noqa: F401  registers the job routes on the blueprint
 from .web import limits as ratelimit
@@ -52,9 +52,7 @@ log = logging.getLogger("flask_animegan")
 
 
 def _check_csrf_secret(app: Flask, settings: Settings) -> None:
-    """Fail closed: the upload form's CSRF token (ours, or Flask-WTF's) is signed with the
-    app's secret key, and without one it would silently be left out. A site that loads
-    its SECRET_KEY after ``init_app`` must load it before."""
+    """Fail closed: without a secret key the form's CSRF token would silently be left out."""
     if not settings.csrf or app.config.get("SECRET_KEY"):
         return
     if app.config.get("WTF_CSRF_SECRET_KEY") and "csrf" in app.extensions:
@@ -70,9 +68,7 @@ def _check_csrf_secret(app: Flask, settings: Settings) -> None:
 
 def _check_no_route_is_shadowed(app: Flask, prefix: str) -> None:
     """Refuse a prefix that puts one of the blueprint's routes where the app already has
-    one (at the site's root, the host's ``/`` or ``/healthz``): the first one registered
-    would answer, and the other would be unreachable. Only routes made before
-    ``init_app`` can be seen."""
+    one (only routes made before ``init_app`` can be seen): one of the two would be dead."""
     ours: list[Rule] = []
     theirs: dict[str, list[Rule]] = {}
     for rule in app.url_map.iter_rules():
@@ -91,9 +87,8 @@ def _check_no_route_is_shadowed(app: Flask, prefix: str) -> None:
 
 
 def _check_default_style(name: str | None, engine: InferenceEngine) -> None:
-    """Refuse an ANIMEGAN_DEFAULT_STYLE that can never serve: not a style name, or neither
-    installed nor one `flask animegan pull` knows. An official style not pulled yet is
-    let through, so that `flask animegan pull NAME` can run with it already set."""
+    """Refuse an ANIMEGAN_DEFAULT_STYLE neither installed nor one `flask animegan pull`
+    knows (so that `pull NAME` can run with it already set)."""
     if not name or name in engine.styles or name in engine.catalog:
         return
     known = sorted(set(engine.styles) | set(engine.catalog))
@@ -114,15 +109,9 @@ def _check_default_style(name: str | None, engine: InferenceEngine) -> None:
 class AnimeGAN:
     """Adds photo-to-anime conversion to a Flask app.
 
-    Keyword options are defaults for the ``ANIMEGAN_*`` settings, given without the
-    prefix and in lower case (``AnimeGAN(app, max_side=384)``); values already in
-    ``app.config`` win. Per-app state lives in ``app.extensions["animegan"]``, so
-    one ``AnimeGAN`` object can serve several apps.
-
-    ``init_app`` is light: it reads the settings and registers the routes, the CLI
-    and the limits. The model loads when the serving process warms up
-    (``gunicorn.conf.py`` does it before taking requests; :meth:`warm_up` by hand)
-    or, failing that, on the first conversion.
+    Keyword options are defaults for the ``ANIMEGAN_*`` settings in lower case, without the
+    prefix (``AnimeGAN(app, max_side=384)``); ``app.config`` wins. The model loads at warm-up
+    (:meth:`warm_up`, gunicorn.conf.py) or on the first conversion, never in ``init_app``.
     """
 
     def __init__(self, app: Flask | None = None, **options: Unpack[AnimeGANOptions]) -> None:
@@ -136,15 +125,8 @@ class AnimeGAN:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
-        """Read and check the settings, make the service, register the routes and limits.
-
-        The ``ANIMEGAN_*`` config is read once, here, and checked against the registry
-        (:mod:`flask_animegan.config`): a wrong type, a value out of range, an unknown
-        choice or a rate limit flask-limiter cannot parse raises ``RuntimeError`` naming
-        the key and the fix, before any request. Changes to the application config after
-        this call will not be reflected; the views and the CLI read the service's
-        :class:`~flask_animegan.config.Settings`.
-        """
+        """Read and check the settings once (``RuntimeError`` names a bad key and the fix),
+        make the service and register the routes, the CLI and the limits."""
         if EXTENSION_KEY in app.extensions:
             raise RuntimeError("AnimeGAN is already initialised on this app; call "
                                "init_app once per app")
@@ -159,7 +141,7 @@ class AnimeGAN:
                                   "; remove it (the settings: docs/configuration.md)"))
         try:
             settings = Settings.from_config(app.config)
-            derived = Derived.from_settings(settings)  # every derived group, once
+            derived = Derived.from_settings(settings)
             catalog = known_styles(settings.extra_styles)
             _check_csrf_secret(app, settings)
             protection.install(app, settings)
@@ -219,13 +201,9 @@ class AnimeGAN:
     @staticmethod
     def _stores(settings: Settings, storage: StorageURIs,
                 secret: Any) -> tuple[NearDuplicateCache, ResultStore]:
-        """The result cache at ANIMEGAN_STORAGE_URI, the result pages at
-        ANIMEGAN_STATE_STORAGE_URI (default: the same). A page store on a Redis that
-        evicts when full is named in a warning: cache traffic could evict pages there.
-
-        Cache keys carry a digest of the client's address keyed with the app's
-        SECRET_KEY (the same on every instance, or they stop sharing the cache), so
-        whoever can read Redis cannot list who converted what."""
+        """The result cache and the result pages; a page store on a Redis that evicts when
+        full gets a warning. Cache keys hold the client's address only as a digest keyed
+        with SECRET_KEY, so whoever can read Redis cannot list who converted what."""
         cache = NearDuplicateCache(
             open_storage(storage.cache, max_bytes=settings.cache_max_bytes,
                          prefix="animegan:cache:"),
@@ -248,10 +226,8 @@ class AnimeGAN:
 
     @staticmethod
     def _job_store(settings: Settings, storage: StorageURIs, secret: Any) -> JobStore:
-        """Jobs live where the result pages do (ANIMEGAN_STATE_STORAGE_URI, else
-        ANIMEGAN_STORAGE_URI): with Redis, the noeviction one every worker reaches. In
-        memory, a store of their own holding a full queue of the largest uploads beside
-        ANIMEGAN_RESULT_MAX_BYTES of results."""
+        """Jobs live where the result pages do; in memory, in a store of their own sized
+        for a full queue of the largest uploads beside the results."""
         budget = (settings.result_max_bytes
                   + (settings.job_max_queue + 2) * settings.max_upload_bytes)
         state = open_storage(storage.state, max_bytes=budget, prefix="animegan:")
@@ -263,11 +239,6 @@ class AnimeGAN:
         """The local queue's thread runs each job in the app's context, as RQ's does."""
         with app.app_context():
             run_job(job_id)
-
-    @staticmethod
-    def service() -> AnimeGANService:
-        """The current app's service (same as ``current_app.extensions["animegan"]``)."""
-        return get_service()
 
     @staticmethod
     def warm_up(app: Flask) -> None:

@@ -2,12 +2,8 @@
 
     gunicorn -c python:flask_animegan.gunicorn_conf yourapp:app
 
-(the repository's ``gunicorn.conf.py`` imports it). One worker holds one copy of the model
-and runs one inference at a time with every core; a few threads accept uploads meanwhile
-and queue for the model. The ANIMEGAN_* values are read through the registry
-(:mod:`flask_animegan.config`, which imports neither torch nor Flask: the thread caps
-below must be set before torch is imported); gunicorn's own flags and
-``GUNICORN_CMD_ARGS`` override them. At a reload (HUP) gunicorn reads this file again.
+One worker holds one copy of the model and runs one inference at a time with every core;
+a few threads accept uploads meanwhile. gunicorn's own flags and ``GUNICORN_CMD_ARGS`` win.
 """
 
 from __future__ import annotations
@@ -52,7 +48,9 @@ if _METRICS and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 bind = "127.0.0.1:8000"
 workers = 1
 worker_class = "gthread"
-threads = _SERVER.threads_for(_APP.get("ANIMEGAN_MAX_QUEUE", DEFAULTS["ANIMEGAN_MAX_QUEUE"]))
+_max_queue = _APP.get("ANIMEGAN_MAX_QUEUE", DEFAULTS["ANIMEGAN_MAX_QUEUE"])
+# one thread per conversion admitted at once (1 + the queue), one for /healthz and the pages
+threads = _SERVER.server_threads or _max_queue + 2
 # A 1024-px conversion on a slow CPU plus a queue of them: allow minutes, not 30 s.
 timeout, graceful_timeout = WORKER_TIMEOUT, GRACEFUL_TIMEOUT
 # Slow clients: gthread parks a connection until its first byte, but then reads the head
@@ -77,8 +75,7 @@ _RESULT_TOKEN = re.compile(r"(/result/)[^/?#\s\"]+")
 
 
 class RedactingLogger(Logger):  # type: ignore[misc]  # gunicorn has no type hints
-    """gunicorn's logger, with result tokens replaced by ``<redacted>`` in every atom of
-    the access log."""
+    """gunicorn's logger, with result tokens ``<redacted>`` in the access log."""
 
     def atoms(self, resp: Any, req: Any, environ: dict[str, Any],
               request_time: Any) -> dict[str, Any]:
@@ -91,7 +88,6 @@ logger_class = RedactingLogger
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    """Runs in each new worker before it loads the app."""
     _log_the_package_to_the_error_log(server)
     _keep_the_heap_flat()
     from flask_animegan.process import configure_process
@@ -102,9 +98,8 @@ def post_fork(server: Any, worker: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """Runs in each worker after it loaded the app, before it takes requests: warm up the
-    model (``init_app`` loads nothing). A worker started by a reload warms up first, then
-    stops the old worker it replaces; any other warms up while it answers (503 till ready)."""
+    """Warm up the model: a worker started by a reload warms up first, then stops the old
+    worker it replaces; any other warms up while it answers (503 till ready)."""
     from flask_animegan.service import warm_up_all
 
     _check_threads(worker)
@@ -127,24 +122,19 @@ def post_worker_init(worker: Any) -> None:
 
 
 # --- reloads keep serving -------------------------------------------------------------
-# On HUP gunicorn forks new workers and at once stops the old ones, and a new worker
-# accepts nothing until its warm-up is done. Instead on_reload raises num_workers so that
-# the old workers stay; each new worker, once warmed up, sends its old ones the SIGTERM
-# gunicorn would have sent (the master handles no signal while Arbiter.reload waits), and
-# child_exit brings num_workers back down. The state lives on the master's Arbiter.
+# on_reload raises num_workers so that the old workers stay; each new worker, once warmed
+# up, sends its old ones the SIGTERM gunicorn would have sent at once, and child_exit
+# brings num_workers back down (docs/deployment.md).
 
 
 def _handover(server: Any) -> dict[str, Any]:
-    """The reload's bookkeeping on the master: old workers to retire, and the share of
-    them each new worker replaces (handed out in pre_fork)."""
+    """The reload's bookkeeping on the master: old workers to retire, each new one's share."""
     handover: dict[str, Any] = server.__dict__.setdefault(
         "_animegan_handover", {"retiring": set(), "shares": []})
     return handover
 
 
 def on_reload(server: Any) -> None:
-    """Runs in the master on HUP, after this file was read again, before the new
-    workers are forked."""
     old = sorted(server.WORKERS, key=lambda pid: server.WORKERS[pid].age)
     handover = _handover(server)
     handover["retiring"].update(old)
@@ -156,16 +146,14 @@ def on_reload(server: Any) -> None:
 
 
 def pre_fork(server: Any, worker: Any) -> None:
-    """Runs in the master before each fork: a worker forked by a reload learns which old
-    workers it replaces."""
+    """A worker forked by a reload learns which old workers it replaces."""
     shares = _handover(server)["shares"]
     worker.animegan_replaces = shares.pop(0) if shares else ()
 
 
 def _keep_the_old_workers_if_loading_fails(worker: Any) -> None:
-    """A new worker that cannot load the app (an import error in a new deploy) would exit
-    with gunicorn's boot-error code, and the master would then stop, old workers and all.
-    At a reload it exits with 1 instead, and the old workers keep serving."""
+    """At a reload, a new worker that cannot load the app exits with 1, not gunicorn's
+    boot-error code (which would stop the master, old workers and all)."""
     load = worker.load_wsgi
 
     def load_or_leave() -> None:
@@ -187,9 +175,7 @@ def _leave(worker: Any, problem: str) -> None:
 
 
 def _not_ready(worker: Any) -> str | None:
-    """Why a worker that warmed up cannot replace a working one, or None: an app whose
-    default style is not usable (its /healthz would say no_model) answers 503 to every
-    conversion, while the old worker still has its model in memory."""
+    """Why a warmed-up worker cannot replace a working one (no usable default style), or None."""
     service = getattr(worker.wsgi, "extensions", {}).get("animegan")
     if service is not None and service.model is None:
         return "its default style is not usable (see the warning above)"
@@ -218,9 +204,8 @@ def _is_child_of(pid: int, parent: int) -> bool:
 
 
 def _after_reload_exit(server: Any, worker: Any) -> None:
-    """In the master, when a worker exits during a reload's handover: an old one is one
-    worker fewer to keep; a new one that exited before it took over (warm-up failed, hung
-    past the worker timeout, killed) leaves its old ones serving, for good."""
+    """A worker exited during a reload's handover: an old one is one fewer to keep; a new
+    one that exited before it took over leaves its old ones serving, for good."""
     handover = _handover(server)
     if worker.pid in handover["retiring"]:
         handover["retiring"].discard(worker.pid)
@@ -244,9 +229,7 @@ def _pids(pids: Iterable[int]) -> str:
 
 
 def _check_threads(worker: Any) -> None:
-    """Refuse to serve with too few threads: every conversion the app admits holds a
-    thread from its first byte to its response, and one thread must stay free for
-    /healthz and the pages (docs/deployment.md). Stops the server (a boot error)."""
+    """Stop the server (a boot error) with too few threads for the conversions admitted."""
     from gunicorn.arbiter import Arbiter
 
     from flask_animegan.service import admitted_at_once
@@ -264,9 +247,7 @@ def _check_threads(worker: Any) -> None:
 
 
 def _log_the_package_to_the_error_log(server: Any) -> None:
-    """flask_animegan's lines (the style-loaded line at startup, one JSON line per
-    conversion) go to gunicorn's error log at its level (--log-level), unless
-    a logging config already gave that logger handlers of its own."""
+    """Send flask_animegan's lines to gunicorn's error log, unless a logging config did."""
     import logging
 
     package = logging.getLogger("flask_animegan")
@@ -280,9 +261,7 @@ def _log_the_package_to_the_error_log(server: Any) -> None:
 
 def _keep_the_heap_flat() -> None:
     """Keep the worker's memory flat: glibc otherwise raises its mmap threshold after the
-    first large tensors are freed, and later ones then fragment the heap (RSS crept up
-    about 13 % over the first 600 conversions in our soak test). A fixed 1 MiB threshold
-    returns every large buffer to the OS; two arenas bound per-thread heaps."""
+    first large tensors are freed and later ones fragment the heap (docs/deployment.md)."""
     import ctypes
 
     try:
@@ -295,7 +274,6 @@ def _keep_the_heap_flat() -> None:
 
 
 def on_starting(server: Any) -> None:
-    """Runs in the master before it binds and forks."""
     _clear_metrics()
     _keep_off_a_live_control_socket(server)
 
@@ -312,8 +290,7 @@ def _clear_metrics() -> None:
 
 
 def _keep_off_a_live_control_socket(server: Any) -> None:
-    """Two instances given one ANIMEGAN_CONTROL_SOCKET: gunicorn would let the second
-    take the first's socket over (and delete it when it stops). It runs without one."""
+    """A second instance given a live ANIMEGAN_CONTROL_SOCKET runs without one."""
     # gunicorn before 27 has no control socket (nor these settings)
     if "control_socket_disable" not in server.cfg.settings or server.cfg.control_socket_disable:
         return
@@ -331,8 +308,7 @@ def _keep_off_a_live_control_socket(server: Any) -> None:
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    """Runs in the master when a worker has exited: the reload's handover counts it, and
-    its gauges of the "live" kinds (queue depth, ...) end with it."""
+    """The reload's handover counts the exited worker, and its live gauges end with it."""
     _after_reload_exit(server, worker)
     if _METRICS and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess

@@ -20,10 +20,6 @@ def size_class(long_side: int) -> str:
     return "larger"
 
 
-def multiprocess_dir() -> str | None:
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
-
-
 class Metrics:
     """The extension's metrics; also receives the inference engine's events."""
 
@@ -33,8 +29,7 @@ class Metrics:
         except ImportError:
             raise RuntimeError("ANIMEGAN_METRICS needs prometheus_client: "
                                "pip install 'flask-animegan[metrics]'") from None
-        self.registry = CollectorRegistry()
-        registry = self.registry
+        registry = self.registry = CollectorRegistry()
         self.requests = Counter(
             "animegan_requests", "Requests answered by the extension's routes.",
             ["endpoint", "status"], registry=registry)
@@ -89,14 +84,10 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """The text format of every value (summed over worker processes if multiprocess)."""
-        from prometheus_client import (
-            CONTENT_TYPE_LATEST,
-            CollectorRegistry,
-            generate_latest,
-        )
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
         registry = self.registry
-        if multiprocess_dir():
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir"):
             from prometheus_client import multiprocess
 
             registry = CollectorRegistry()

@@ -17,7 +17,7 @@ from PIL import Image
 
 from .cache import NearDuplicateCache
 from .storage.pages import ResultStore
-from .config import OUTPUT_FORMATS, Settings
+from .config import Settings
 from .errors import ConversionError, Overloaded
 from .inputs.decoding import fit
 from .outputs.stills import encode
@@ -36,15 +36,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["AnimeGANService", "Conversion", "admitted_at_once", "get_service", "warm_up_all"]
 
-#: The photo the style picker's samples are made from (NASA's public-domain portrait of
-#: Eileen Collins, as shipped in scikit-image's ``data.astronaut``).
+#: The photo of the style picker's samples (public domain: scikit-image's ``data.astronaut``).
 SAMPLE_PHOTO = Path(__file__).resolve().parent / "static" / "sample-photo.jpg"
 log = logging.getLogger("flask_animegan")
 #: Seconds a client is told to wait while the model is still loading.
 WARMING_RETRY_AFTER = 5
-#: Seconds a process that exits while warming up in the background waits for the warm-up:
-#: the interpreter's exit would tear the network's threads down under it (SIGABRT,
-#: "terminate called without an active exception"). Under gunicorn's graceful timeout.
+#: Seconds a process exiting while it warms up waits for the warm-up: exiting under the
+#: network's threads aborts (SIGABRT). Under gunicorn's graceful timeout.
 WARM_UP_EXIT_WAIT = 30.0
 #: Every service made in this process, for gunicorn's post_worker_init (warm_up_all).
 _services: weakref.WeakSet[AnimeGANService] = weakref.WeakSet()
@@ -52,11 +50,7 @@ _services: weakref.WeakSet[AnimeGANService] = weakref.WeakSet()
 
 class AnimeGANService:
     """Everything one app needs to convert photos: engine, pipeline, stores, limits.
-
-    ``settings`` is what the views, CSRF, client and CLI code read (never ``app.config``).
-    ``counting_limiter`` answers which flask-limiter ``Limiter`` counts this app's
-    conversions (the host app's, else ``own_limiter``, the one the extension made).
-    """
+    ``counting_limiter`` answers which ``Limiter`` counts conversions (the host's, else ours)."""
 
     def __init__(self, settings: Settings, engine: InferenceEngine, converter: Converter,
                  cache: NearDuplicateCache, results: ResultStore,
@@ -69,15 +63,11 @@ class AnimeGANService:
         self.cache = cache
         self.results = results
         self.metrics = metrics
-        #: animations and videos as jobs (jobs/work.py), on RQ or the in-process queue;
-        #: None for a service made without them
-        self.jobs = jobs
-        #: the sizes and format a request may ask for
+        self.jobs = jobs  # animations and videos (jobs/work.py); None: made without them
         self.sizes = Sizes(default=settings.max_side,
                            photo=settings.max_output_side or settings.max_side,
                            media=settings.max_side, default_format=settings.output_format)
-        #: the web conversions in the app at once, at every stage: one running and
-        #: ANIMEGAN_MAX_QUEUE more (runtime/admission.py); the CLI and convert() skip it
+        #: the web conversions in the app at once: one running and ANIMEGAN_MAX_QUEUE more
         self.admission = Admission(1 + settings.max_queue, engine.gate.retry_after)
         self._counting_limiter = counting_limiter
         self.own_limiter = own_limiter
@@ -89,67 +79,25 @@ class AnimeGANService:
         self.warming = False  # warm_up_in_background is running
         _services.add(self)
 
-    # settings the views and templates read
-    @property
-    def max_side(self) -> int:
-        return self.settings.max_side
-
-    @property
-    def max_output_side(self) -> int:
-        """The largest size a photo may ask for (ANIMEGAN_MAX_OUTPUT_SIDE, unset: MAX_SIDE);
-        sizes above ANIMEGAN_MAX_SIDE run in tiles."""
-        return self.sizes.photo
-
-    @property
-    def max_upload_bytes(self) -> int:
-        return self.settings.max_upload_bytes
-
-    @property
-    def output_format(self) -> str:
-        return self.settings.output_format
-
-    @property
-    def quality(self) -> int:
-        return self.settings.jpeg_quality
-
-    @property
-    def sample_size(self) -> int:
-        return self.settings.sample_size
-
-    @property
-    def base_template(self) -> str:
-        return self.settings.base_template
-
-    @property
-    def rate_limit(self) -> str:
-        return self.settings.rate_limit or ""
-
     @property
     def limiter(self) -> Limiter:
-        """The Limiter that counts conversions now: the host app's, whenever it was made,
-        else the extension's own."""
+        """The Limiter that counts conversions now: the host app's, else our own."""
         return self._counting_limiter()
 
     @property
     def rate_limit_headers(self) -> bool:
-        """Whether our views add the X-RateLimit-* headers: only when our own Limiter
-        counts (made with its headers off); a host's Limiter sends its own, if any."""
+        """Whether our views add the X-RateLimit-* headers: only when our own Limiter counts."""
         return self.own_limiter is not None and self.limiter is self.own_limiter
 
     @property
     def model(self) -> nn.Module | None:
-        """The default style's torch network once warmed up (None before, and when no
-        style is usable): what the engine runs; call :meth:`convert`, not the module."""
+        """The default style's torch network once warmed up (None before, or if unusable)."""
         return self._model
 
     # -- getting ready -------------------------------------------------------------
     def warm_up(self) -> None:
-        """Load the default style, settle its precision, run the warm-up inference and
-        make the style samples, so that the first request is as fast as the next ones.
-
-        gunicorn.conf.py calls it in each worker before it takes requests; without it,
-        the first conversion does the same work.
-        """
+        """Load the default style, settle its precision, run the warm-up inference and make
+        the style samples, so that the first request is as fast as the next ones."""
         with self._warm_lock:
             if self.warmed_up:
                 return
@@ -165,8 +113,7 @@ class AnimeGANService:
 
     # -- converting ----------------------------------------------------------------
     def parse(self, params: Any, media: bool = False) -> ConvertRequest:
-        """The request ``params`` ask for (a mapping of strings), checked before any
-        decode: the views, the job door, the CLI all read requests through this."""
+        """The request ``params`` (a mapping of strings) ask for, checked before any decode."""
         return parse_request(params, self.engine, self.sizes, media=media)
 
     def route(self, data: bytes) -> MediaInfo | None:
@@ -177,8 +124,7 @@ class AnimeGANService:
                 size: int | None = None, colors: str | None = None,
                 portrait: str | None = None) -> Image.Image:
         """Convert a PIL image (any mode) with ``style`` at long side ``size``, with the
-        options ``colors`` (off, luma, keep) and ``portrait`` (auto, on, off, faces); no
-        cache."""
+        options ``colors`` and ``portrait``; no cache."""
         request = self.parse({"style": style, "size": size, "colors": colors,
                               "portrait": portrait})
         self._ready()
@@ -186,11 +132,8 @@ class AnimeGANService:
 
     def convert_upload(self, data: bytes, request: ConvertRequest | None = None,
                        client: str | None = None, **params: Any) -> Conversion:
-        """Decode an uploaded file, convert it (or reuse a cached result), encode it.
-
-        ``request`` is the parsed request (else ``params`` are parsed: style, size, fmt,
-        colors, portrait); ``client`` is the cache scope key (the rate limit's client key).
-        """
+        """Decode an uploaded file, convert it (or reuse a cached result), encode it;
+        ``params`` stand for ``request``, ``client`` is the cache scope key."""
         if request is None:
             params["format"] = params.pop("fmt", None)
             request = self.parse(params)
@@ -199,11 +142,9 @@ class AnimeGANService:
         return self.converter.photo(data, request, scope=scope)
 
     def warm_up_in_background(self) -> threading.Thread:
-        """Warm up in a thread of its own while the server already answers: meanwhile
-        conversions and samples answer 503 with Retry-After at once and ``/healthz`` says
-        ``warming`` (503), so a load balancer sends the traffic elsewhere instead of
-        leaving it in this instance's backlog (gunicorn.conf.py, for a worker that
-        replaces no other: a first start, a restart, a respawn)."""
+        """Warm up in a thread of its own while the server answers: meanwhile conversions
+        get 503 with Retry-After at once and ``/healthz`` says ``warming``, so a load
+        balancer sends the traffic elsewhere."""
         self.warming = True
 
         def run() -> None:
@@ -222,21 +163,18 @@ class AnimeGANService:
         return thread
 
     def _ready(self) -> None:
+        self._refuse_while_warming()
         if not self.warmed_up:
-            if self.warming:
-                raise Overloaded("this server is still loading its model; try again in "
-                                 f"{WARMING_RETRY_AFTER} s", WARMING_RETRY_AFTER)
             self.warm_up()
 
-    def style_sample(self, name: str) -> bytes:
-        """A small JPEG of the bundled sample photo in style ``name`` (made once, then kept).
-
-        Converted at twice the sample's size, then scaled down: a style's lines and flat
-        regions read at thumbnail size, where converting a 128-px photo smears them.
-        """
-        if self.warming and not self.warmed_up:  # its model is loading: no seconds' wait
+    def _refuse_while_warming(self) -> None:
+        if self.warming and not self.warmed_up:
             raise Overloaded("this server is still loading its model; try again in "
                              f"{WARMING_RETRY_AFTER} s", WARMING_RETRY_AFTER)
+
+    def style_sample(self, name: str) -> bytes:
+        """A small JPEG of the bundled sample photo in style ``name`` (made once, then kept)."""
+        self._refuse_while_warming()
         return self._sample(name)
 
     def _sample(self, name: str) -> bytes:
@@ -245,9 +183,10 @@ class AnimeGANService:
             chosen = self.engine.style(name)
             with Image.open(SAMPLE_PHOTO) as photo:
                 rgb = photo.convert("RGB")
-            target = fit(rgb, self.sample_size, square=chosen.face).size
-            styled = self.engine.run(fit(rgb, 2 * self.sample_size, square=chosen.face),
-                                     chosen.name)
+            side = self.settings.sample_size
+            target = fit(rgb, side, square=chosen.face).size
+            # twice the size, then scaled down: converting a thumbnail smears the lines
+            styled = self.engine.run(fit(rgb, 2 * side, square=chosen.face), chosen.name)
             small = styled.resize(target, Image.Resampling.LANCZOS)
             sample = encode(small, "jpeg", 85)
             with self._samples_lock:
@@ -256,7 +195,7 @@ class AnimeGANService:
 
     def make_samples(self) -> None:
         """Make every installed style's sample now, skipping broken styles."""
-        if not self.sample_size:
+        if not self.settings.sample_size:
             return
         for name in self.engine.styles:
             try:
@@ -286,17 +225,14 @@ class AnimeGANService:
         return infos
 
     def storage_status(self) -> dict[str, Any]:
-        """Each store a request touches and whether it answers: ``cache``, ``pages`` and,
-        with a rate limit, ``rate_limit`` (its counts), each with ``ok`` and ``state``
-        (``ok``, ``down``: unreachable, ``full``: refusing writes). One ping per Redis
-        (none while an outage's retry wait runs), so a worker that has not used Redis
-        for a while still notices an outage; ``ok`` is whether all of them are."""
+        """Each store a request touches (``cache``, ``pages``, ``rate_limit``) with ``ok`` and
+        ``state`` (``ok``, ``down``, ``full``), after one ping per Redis."""
         stores: dict[str, Any] = {}
         for name, storage in (("cache", self.cache.storage), ("pages", self.results.storage)):
             if storage.backend != "memory":
                 storage.ping()
             stores[name] = storage.status()
-        if self.rate_limit:
+        if self.settings.rate_limit:
             stores["rate_limit"] = self._counts_status()
         return {"ok": all(store.get("ok", True) for store in stores.values()), **stores}
 
@@ -328,12 +264,7 @@ class AnimeGANService:
 
     def health(self, details: bool = True) -> dict[str, Any]:
         """``{"status": ...}`` (ok, degraded, warming, no_model); with ``details``, the
-        engine's state. ``warming``: the model is still loading (warm_up_in_background).
-
-        ``degraded``: a style is broken, or a store (the cache's, the result pages' or the
-        rate-limit counts' Redis) is unreachable or full, so conversions go on without it
-        (the limit counted in this process); ``problems`` then says which and why.
-        """
+        engine's state and ``problems``: the broken styles and stores, and why."""
         engine = self.engine.status()
         storage = self.storage_status()
         default = engine["default_style"]
@@ -373,8 +304,7 @@ def get_service() -> AnimeGANService:
 
 
 def admitted_at_once() -> int:
-    """Web conversions every AnimeGAN app of this process admits at once, each holding
-    a server thread (gunicorn.conf.py checks its thread count against it)."""
+    """Web conversions every AnimeGAN app of this process admits at once (each a thread)."""
     return sum(service.admission.capacity for service in list(_services))
 
 

@@ -43,7 +43,6 @@ from flask_animegan.config import (
     StorageURIs,
     from_environ,
     gunicorn_overrides,
-    storage_uris,
     uri_scheme,
 )
 
@@ -328,13 +327,13 @@ def test_an_official_style_not_pulled_yet_may_be_the_default(tmp_path):
 
 def test_one_state_storage_serves_the_counts_the_pages_and_the_jobs():
     """Our stores take unix://, flask-limiter spells it redis+unix://: one URI serves both."""
-    default = storage_uris(Settings())
+    default = Derived.from_settings(Settings()).storage
     assert default == StorageURIs("memory://", "memory://", "memory://", "ANIMEGAN_STORAGE_URI")
-    shared = storage_uris(Settings(storage_uri="unix:///run/redis.sock"))
+    shared = Derived.from_settings(Settings(storage_uri="unix:///run/redis.sock")).storage
     assert (shared.state, shared.limiter) == ("unix:///run/redis.sock",
                                               "redis+unix:///run/redis.sock")
-    own = storage_uris(Settings(storage_uri="redis://cache:6379/0",
-                                state_storage_uri="rediss://:pw@state:6380/1"))
+    own = Derived.from_settings(Settings(storage_uri="redis://cache:6379/0",
+                                         state_storage_uri="rediss://:pw@state:6380/1")).storage
     assert (own.cache, own.state, own.limiter, own.state_key) == (
         "redis://cache:6379/0", "rediss://:pw@state:6380/1", "rediss://:pw@state:6380/1",
         "ANIMEGAN_STATE_STORAGE_URI")

@@ -196,7 +196,7 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                 skipped += 1
                 continue
             try:
-                data = read_entry(path, service.max_upload_bytes)
+                data = read_entry(path, service.settings.max_upload_bytes)
             except Refused as exc:
                 refused += 1
                 report(path, f"refused: {exc}")

@@ -229,7 +229,7 @@ def conversion_cost() -> int:
     """What this request takes from the limit: ceil((size / max_side)^2) above max_side,
     capped by the smallest limit so a large photo is never refused forever; else 1."""
     service = get_service()
-    if request.endpoint == f"{blueprint.name}.create_job" or not service.rate_limit:
+    if request.endpoint == f"{blueprint.name}.create_job" or not service.settings.rate_limit:
         return 1
     raw = request.args.get("size")
     if raw is None and request.mimetype == "multipart/form-data":
@@ -239,21 +239,21 @@ def conversion_cost() -> int:
             return 1
     text = (raw or "").strip()
     size = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else 0
-    largest = getattr(service, "max_output_side", service.max_side)
-    if not service.max_side < size <= largest:
+    side = service.sizes.default
+    if not side < size <= service.sizes.photo:
         return 1
-    cap = min(item.amount for item in parse_many(service.rate_limit))
-    return max(1, min(cap, math.ceil((size / service.max_side) ** 2)))
+    cap = min(item.amount for item in parse_many(service.settings.rate_limit))
+    return max(1, min(cap, math.ceil((size / side) ** 2)))
 
 
 def _conversion_limit() -> str:
-    return get_service().rate_limit or "1 per second"  # unused when off: _not_counting
+    return get_service().settings.rate_limit or "1 per second"  # unused when off: _not_counting
 
 
 def _not_counting(limiter: Limiter) -> bool:
     """Whether ``limiter`` skips this conversion: the limit is off, or another counts it."""
     service = get_service()
-    return not service.rate_limit or service.limiter is not limiter
+    return not service.settings.rate_limit or service.limiter is not limiter
 
 
 def _form_post_to_refuse() -> bool:

@@ -54,14 +54,14 @@ def _path(name: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def _conversion_parameters() -> list[dict[str, Any]]:
     service = get_service()
-    largest = int(getattr(service, "max_output_side", service.max_side))
+    largest, side = service.sizes.photo, service.sizes.default
     installed = sorted(service.engine.styles)
     return [
         _query("style", {"type": "string", "enum": installed},
                "An installed style (GET /styles); unset: the default style"),
         _query("size", {"type": "integer", "minimum": 16, "maximum": largest},
-               f"Long side of the output in pixels; unset: {service.max_side}. Over "
-               f"{service.max_side}, it costs ceil((size / {service.max_side})^2) conversions "
+               f"Long side of the output in pixels; unset: {side}. Over "
+               f"{side}, it costs ceil((size / {side})^2) conversions "
                "of the rate limit"),
         _query("format", _any_case(["jpeg", "jpg", *OUTPUT_FORMATS[1:]]),
                "Output format; unset: ANIMEGAN_OUTPUT_FORMAT"),

@@ -75,7 +75,7 @@ def read_upload() -> tuple[bytes, Any]:
         raise UnsupportedImage(f"Content-Type {request.mimetype} is not an image or a video; "
                                "send multipart/form-data with field 'image' or the raw file")
     data = request.get_data(cache=False)
-    if len(data) > get_service().max_upload_bytes:  # a chunked body past the limit
+    if len(data) > get_service().settings.max_upload_bytes:  # a chunked body past the limit
         raise RequestEntityTooLarge()
     if not data:
         raise BadImage("no image: send multipart/form-data with the photo in field 'image', "

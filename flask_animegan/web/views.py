@@ -89,7 +89,7 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
         # before the upload is read: a full app answers 503 at once (left in _leave_admission)
         g.animegan_admission = get_service().admission.enter()
     # a chunked body is cut at the limit silently: one byte more lets read_upload refuse it
-    limit = get_service().max_upload_bytes
+    limit = get_service().settings.max_upload_bytes
     _limit_the_body(limit if request.content_length is not None else limit + 1)
     request.max_form_parts = MAX_FORM_PARTS
     csrf.exempt_from_host(convert)  # why that is safe: csrf.py
@@ -121,7 +121,7 @@ def _drop_unread_body(response: Response) -> Response:
     """Under gunicorn, drop the unread rest of a conversion's upload: gunicorn closes on an
     unread body, and the kernel's reset can destroy the answer before the client reads it."""
     if request.endpoint in LIMITED_ENDPOINTS and request.method == "POST":
-        _drop_body(get_service().max_upload_bytes)
+        _drop_body(get_service().settings.max_upload_bytes)
     return response
 
 
@@ -263,29 +263,30 @@ def page_context(layout: str | Template | None = None, **extra: Any) -> SimpleNa
     """What the page templates read, as one variable ``animegan``, so that the site's
     own template globals (``csrf_token()``, ``current_user``) stay unshadowed."""
     service = get_service()
+    settings = service.settings
     styles = service.styles_info()
     installed = [s for s in styles if s["installed"]]
     error = extra.pop("error", None)
     return SimpleNamespace(
-        layout=layout or _layout(service.base_template, service.settings.content_block),
-        base_template=service.base_template,
+        layout=layout or _layout(settings.base_template, settings.content_block),
+        base_template=settings.base_template,
         styles=installed,
         pullable=[s for s in styles if not s["installed"]],
         face_styles=any(s["face_crop"] for s in installed),
         # `flask animegan pull ...` is for whoever runs the site, not for its visitors
         admin_hints=protection.is_admin(),
         default_style=service.engine.default_style,
-        max_side=service.max_side,
+        max_side=settings.max_side,
         sizes=sorted({s for s in FORM_SIZES if s < service.sizes.photo}
-                     | {service.max_side, service.sizes.photo}),
+                     | {settings.max_side, service.sizes.photo}),
         formats=OUTPUT_FORMATS,
-        default_format=service.output_format,
+        default_format=settings.output_format,
         colors=COLOR_CHOICES,
         portraits=PORTRAIT_CHOICES,
-        max_upload_bytes=service.max_upload_bytes,
-        max_upload_text=_size(service.max_upload_bytes),
-        sample_size=service.sample_size,
-        rate_limit=service.rate_limit,
+        max_upload_bytes=settings.max_upload_bytes,
+        max_upload_text=_size(settings.max_upload_bytes),
+        sample_size=settings.sample_size,
+        rate_limit=settings.rate_limit,
         csrf_field=csrf.form_field(),
         error=sentence(error) if error else None,
         **extra,
@@ -339,7 +340,7 @@ def upload() -> BaseResponse:
     conversion = uploads.convert_photo(received)
     service = get_service()
     stored = StoredResult(
-        original=encode(conversion.input(), "jpeg", service.quality),
+        original=encode(conversion.input(), "jpeg", service.settings.jpeg_quality),
         result=conversion.data, mimetype=conversion.mimetype, style=conversion.style,
         size=conversion.size, note=describe_options(conversion))
     token = service.results.add(stored)
@@ -457,7 +458,7 @@ def styles() -> Response:
 @blueprint.get("/styles/<name>/sample.jpg")
 def style_sample(name: str) -> Response:
     service = get_service()
-    if not service.sample_size:
+    if not service.settings.sample_size:
         abort(404, "style samples are off (ANIMEGAN_SAMPLE_SIZE = 0)")
     response = Response(service.style_sample(name), mimetype="image/jpeg")
     response.headers["Cache-Control"] = "public, max-age=3600"
@@ -543,7 +544,7 @@ def _rate_limited(error: RateLimitExceeded) -> Response:
 
 @blueprint.errorhandler(HTTPException)
 def _http_error(error: HTTPException) -> Response:
-    limit = get_service().max_upload_bytes
+    limit = get_service().settings.max_upload_bytes
     if csrf.is_host_refusal(error):  # Flask-WTF's CSRFError: the same words as ours
         return conversion_error_response(csrf.CsrfFailed(csrf.REFUSED))
     if (error.code == 413 and request.mimetype == "multipart/form-data"
@@ -552,7 +553,7 @@ def _http_error(error: HTTPException) -> Response:
                    "large; send only the fields image, style, size, format, colors, portrait "
                    "and csrf_token")
     elif error.code == 413:
-        message = f"the upload is too large; the limit is {_size(get_service().max_upload_bytes)}"
+        message = f"the upload is too large; the limit is {_size(limit)}"
     else:
         message = error.description or error.name
     return _error_response(message, error.code or 500)
