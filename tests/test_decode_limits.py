@@ -17,7 +17,7 @@ from PIL import Image
 
 from bench.servers import child_pids
 from flask_animegan.errors import ImageTooLarge, Overloaded
-from flask_animegan.inputs.decoding import DecodeLimits, count_jpeg_scans, decode_cost
+from flask_animegan.inputs.decoding import DecodeLimits, decode_cost, jpeg_layout
 from flask_animegan.inputs.helper import NICENESS
 from flask_animegan.inputs.isolation import Decoder
 from flask_animegan.gate import Gate
@@ -35,10 +35,10 @@ def progressive_jpeg(size=(2000, 1500), extra_scans: int = 0) -> bytes:
 # -- JPEG scans ---------------------------------------------------------------------------
 # -- JPEG scans ---------------------------------------------------------------------------
 def test_scan_count_of_real_files():
-    assert count_jpeg_scans(photo_bytes("astronaut")) == 1  # baseline
-    progressive = count_jpeg_scans(photo_bytes("astronaut", progressive=True))
+    assert jpeg_layout(photo_bytes("astronaut")).scans == 1  # baseline
+    progressive = jpeg_layout(photo_bytes("astronaut", progressive=True)).scans
     assert 6 <= progressive <= 12  # libjpeg's standard progression
-    assert count_jpeg_scans(progressive_jpeg(extra_scans=1000)) > 1000
+    assert jpeg_layout(progressive_jpeg(extra_scans=1000)).scans > 1000
 
 
 def test_scans_inside_an_exif_thumbnail_are_not_counted():
@@ -46,7 +46,7 @@ def test_scans_inside_an_exif_thumbnail_are_not_counted():
     exif = Image.Exif()
     exif[0x9286] = b"ASCII\x00\x00\x00" + b"\xff\xda" * 5000  # UserComment
     data = photo_bytes("coffee", exif=exif.tobytes())
-    assert count_jpeg_scans(data) == 1
+    assert jpeg_layout(data).scans == 1
 
 
 def test_a_scan_bomb_is_refused_before_decoding(client):

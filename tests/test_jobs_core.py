@@ -480,7 +480,7 @@ def test_a_job_whose_decode_helper_is_starved_runs_again(make_app, monkeypatch):
     record = service.jobs.store.create(data, client=CLIENT, style="test_style", size=96,
                                        kind="animation", format="GIF", frames_total=6)
     POOL.close()
-    POOL.prestart(1)
+    POOL.give_back(POOL.take())
     helper = POOL._idle[0]
     os.kill(helper.process.pid, signal.SIGSTOP)
     try:

@@ -759,7 +759,7 @@ def test_a_media_helper_that_got_no_cpu_blames_the_load_not_the_file(what):
     data = clips.video_clip(1, audio=False)
     info = media.probe(data, LIMITS, DECODE)
     POOL.close()
-    POOL.prestart(1)
+    POOL.give_back(POOL.take())
     helper = POOL._idle[0]
     os.kill(helper.process.pid, signal.SIGSTOP)
     killed = POOL.killed

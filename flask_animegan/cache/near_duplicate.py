@@ -5,8 +5,7 @@ portrait mode), and the same upload (a keyed digest) or a fitted input of the sa
 whose 256-bit pHash is within ``max_distance`` bits of the stored one, where no cell of a
 16 x 16 grid over it at half size differs by more than :data:`GRID_LEVELS` levels in mean
 Y, Cb or Cr or Y's standard deviation. Entries live in memory or Redis under versioned
-keys, as explicit structs (never pickle); a member that does not parse is a miss.
-"""
+keys, as explicit structs (never pickle); a member that does not parse is a miss."""
 
 from __future__ import annotations
 
@@ -125,12 +124,8 @@ def decode_entry(blob: bytes | None) -> CachedResult | None:
 
 
 class NearDuplicateCache:
-    """Results per namespace, found by upload digest or by :meth:`Fingerprint.same_photo`.
-
-    ``near=False`` (ANIMEGAN_CACHE_SCOPE=global) finds identical files only. Without
-    ``storage``, a private ``MemoryStorage`` of ``max_bytes``. ``key`` (the app's secret)
-    keys the digests of namespaces and uploads.
-    """
+    """Results per namespace, found by upload digest or by :meth:`Fingerprint.same_photo`;
+    ``near=False`` finds identical files only. ``key`` (the app's secret) keys the digests."""
 
     def __init__(self, storage: Storage | None = None, *, ttl: float,
                  max_bytes: int | None = None, max_distance: int = 6,

@@ -1,8 +1,7 @@
-"""Keeping the input's colours in a converted picture (docs/http-api.md, "Colours").
-
-``luma`` matches the input's mean brightness as AnimeGANv2's script does, but on the right
-channels and with a bounded gain; ``keep`` puts the input's CIELAB chroma under the
-result's lightness (Gatys et al. 2016), a band of rows at a time to bound memory."""
+"""Keeping the input's colours in a converted picture (docs/http-api.md, "Colours"): ``luma``
+matches the input's mean brightness as AnimeGANv2's script does, on the right channels and with
+a bounded gain; ``keep`` puts the input's CIELAB chroma under the result's lightness (Gatys et
+al. 2016), a band of rows at a time to bound memory."""
 
 from __future__ import annotations
 
@@ -138,14 +137,9 @@ def _keep_chroma(result: Image.Image, source: Image.Image) -> Image.Image:
     return kept
 
 
-def _channel_means(image: Image.Image) -> np.ndarray:
-    """Mean R, G, B of an RGB image (from its histograms: no copy of the pixels)."""
-    return np.array(ImageStat.Stat(image).mean[:3])
-
-
 def brightness(image: Image.Image) -> float:
-    """Mean Rec. 601 luma of an RGB image, 0-255."""
-    return float(_channel_means(image) @ LUMA_WEIGHTS)
+    """Mean Rec. 601 luma of an RGB image, 0-255 (from its histograms: no copy of the pixels)."""
+    return float(np.array(ImageStat.Stat(image).mean[:3]) @ LUMA_WEIGHTS)
 
 
 def _match_brightness(result: Image.Image, source: Image.Image) -> Image.Image:

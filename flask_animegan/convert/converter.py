@@ -20,7 +20,7 @@ from ..inputs.media import Frame, MediaInfo
 from . import repeats
 from ..runtime.catalog import StyleInfo
 from .colors import keep_colors
-from .request import ConvertRequest, Options
+from .request import ConvertRequest
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..cache import CachedResult, NearDuplicateCache
@@ -110,9 +110,8 @@ class Converter:
 
     def _portrait(self, picture: Image.Image, style: StyleInfo, mode: str, colors: str,
                   lap: _Laps) -> tuple[Image.Image, int]:
-        """Convert each face with ``style`` and paste it over the scene (mode "faces": the
-        faces only, side by side); and how many. No face: the picture converted, or for a
-        face style unconverted (its caller converts the centre square), and 0."""
+        """Each face converted with ``style`` over the scene (mode "faces": side by side), and
+        how many. No face: the picture converted (a face style's: unconverted), and 0."""
         from ..portrait import face_crops, find_faces, paste_faces
 
         limits = self.portrait
@@ -188,9 +187,8 @@ class Converter:
     def _cached(self, data: bytes, cached: CachedResult, request: ConvertRequest,
                 square: bool, fitted: Image.Image | None,
                 timings: dict[str, float]) -> Conversion:
-        """A conversion answered from the cache: the same bytes (``fitted`` None, undecoded)
-        or the same photo (``fitted``, its decoded input); an input not at hand is decoded
-        only if someone asks (the form's page)."""
+        """A conversion answered from the cache: the same bytes (``fitted`` None) or the same
+        photo (``fitted``, its decoded input); an input not at hand is decoded if a page asks."""
         style, size, fmt = request.style, request.size, request.format
         faces = None if cached.faces < 0 else cached.faces
         out_size = fitted.size if fitted is not None else cached.size

@@ -101,11 +101,6 @@ def parse_choice(name: str, raw: Any, choices: tuple[str, ...], default: str) ->
     return value
 
 
-def parse_options(colors: Any = None, portrait: Any = None) -> Options:
-    return Options(colors=parse_choice("colors", colors, COLOR_MODES, "off"),
-                   portrait=parse_choice("portrait", portrait, PORTRAIT_MODES, "auto"))
-
-
 def parse_request(params: Mapping[str, Any], engine: InferenceEngine, sizes: Sizes, *,
                   media: bool = False) -> ConvertRequest:
     """The request ``params`` ask for, checked before anything is decoded (StyleNotFound,
@@ -114,16 +109,10 @@ def parse_request(params: Mapping[str, Any], engine: InferenceEngine, sizes: Siz
     size = parse_size(params.get("size"), default=sizes.default,
                       largest=sizes.media if media else sizes.photo)
     fmt = parse_format(params.get("format"), sizes.default_format)
-    options = parse_options(params.get("colors"), params.get("portrait"))
+    options = Options(
+        colors=parse_choice("colors", params.get("colors"), COLOR_MODES, "off"),
+        portrait=parse_choice("portrait", params.get("portrait"), PORTRAIT_MODES, "auto"))
     if media and options.portrait in ("on", "faces"):
         raise BadParameter("portrait mode is for photos: a job converts each frame as a "
                            "whole; leave portrait out (or send portrait=off)")
     return ConvertRequest(style, size, fmt, options)
-
-
-def requested_size(params: Mapping[str, Any], sizes: Sizes) -> int | None:
-    """The size a photo request asks for, or None when bad (the view refuses it then)."""
-    try:
-        return parse_size(params.get("size"), default=sizes.default, largest=sizes.photo)
-    except BadParameter:
-        return None

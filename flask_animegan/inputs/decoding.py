@@ -250,11 +250,6 @@ def jpeg_layout(data: bytes) -> JpegLayout:
     return JpegLayout(scans, segments, payload)
 
 
-def count_jpeg_scans(data: bytes) -> int:
-    """The number of SOS markers of the JPEG in ``data`` (see :func:`jpeg_layout`)."""
-    return jpeg_layout(data).scans
-
-
 # -- the decode ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OpenedUpload:
@@ -315,7 +310,7 @@ def open_upload(data: bytes, limits: DecodeLimits, hint: str = ACCEPTED_HINT) ->
         raise ImageTooLarge(f"the image has too many pixels; the limit is "
                             f"{limits.max_pixels:,}") from None
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt headers
-        raise _corrupt("image", exc, hint) from None
+        raise corrupt("image", exc, hint) from None
     width, height = image.size
     if width < 1 or height < 1:
         raise BadImage("the image has no pixels")
@@ -397,7 +392,7 @@ def decode_upload(data: bytes, limits: DecodeLimits, *, size: int, square: bool 
     image = opened.image
     fmt = image.format
     width, height = source_size
-    with failures("the image", lambda exc: _corrupt(fmt, exc)):
+    with failures("the image", lambda exc: corrupt(fmt, exc)):
         if needed > limits.max_bytes:
             raise ImageTooLarge(
                 f"decoding this {width}x{height} {image.mode} {fmt} image needs "
@@ -443,7 +438,7 @@ def _open_and_plan(data: bytes, limits: DecodeLimits, size: int, square: bool,
         needed = decode_bytes_needed(image, opened, size=size, square=square, cover=cover,
                                      source_size=source_size)
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for corrupt data
-        raise _corrupt(image.format, exc) from None
+        raise corrupt(image.format, exc) from None
     return opened, needed, source_size
 
 
@@ -479,7 +474,7 @@ def failures(what: str, corrupt: Callable[[BaseException], BadImage]) -> Iterato
         raise corrupt(exc) from None
 
 
-def _corrupt(fmt: str | None, exc: BaseException, hint: str = ACCEPTED_HINT) -> BadImage:
+def corrupt(fmt: str | None, exc: BaseException, hint: str = ACCEPTED_HINT) -> BadImage:
     return BadImage(f"the {fmt or 'image'} file is truncated or corrupt and cannot be "
                     f"decoded ({exc.__class__.__name__}); {hint}")
 

@@ -23,12 +23,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..config import (
-    DECODE_TIMEOUT,
-    ISOLATIONS,
-    Derived,
-    Settings,
-)
+from ..config import DECODE_TIMEOUT, ISOLATIONS, Derived, Settings
 from ..errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
 from ..gate import Gate
 from . import decoding, media
@@ -51,7 +46,7 @@ class HelperProcess:
     """One helper process, owned by the process that started it (a copy inherited across
     a fork is never used nor killed by the child)."""
 
-    def __init__(self, module: str = MODULE) -> None:
+    def __init__(self) -> None:
         env = dict(os.environ)
         package_parent = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_parent,
@@ -59,7 +54,7 @@ class HelperProcess:
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = "1"
         self.owner = os.getpid()
-        self.process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", MODULE], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, env=env, bufsize=0)
         for stream in (self.process.stdin, self.process.stdout):
             # an upload or an answer in one go, not in 64 KiB turns (Linux only)
@@ -131,8 +126,7 @@ class HelperProcess:
 class HelperPool:
     """Idle helpers of this process, started on demand and reused."""
 
-    def __init__(self, module: str = MODULE) -> None:
-        self.module = module
+    def __init__(self) -> None:
         self._idle: list[HelperProcess] = []
         self._lock = threading.Lock()
         self.started = 0
@@ -145,7 +139,7 @@ class HelperPool:
                 if helper.owner == os.getpid() and helper.process.poll() is None:
                     return helper
             self.started += 1
-        return HelperProcess(self.module)
+        return HelperProcess()
 
     def give_back(self, helper: HelperProcess) -> None:
         with self._lock:
@@ -156,17 +150,6 @@ class HelperPool:
             self.killed += 1
         helper.kill()
 
-    def prestart(self, count: int) -> None:
-        """Start helpers now, so that the first requests do not wait for them."""
-        with self._lock:
-            # helpers inherited across a fork are the parent's: they do not count
-            self._idle = [h for h in self._idle if h.owner == os.getpid()]
-            missing = max(0, count - len(self._idle))
-            self.started += missing
-        helpers = [HelperProcess(self.module) for _ in range(missing)]
-        with self._lock:
-            self._idle.extend(helpers)
-
     def close(self) -> None:
         with self._lock:
             helpers, self._idle = self._idle, []
@@ -176,16 +159,9 @@ class HelperPool:
 
 POOL = HelperPool()
 atexit.register(POOL.close)
+#: The process's decode gates: the cores are the process's, not one app's.
 _GATES: dict[tuple[int, int, float], Gate] = {}
 _GATES_LOCK = threading.Lock()
-
-
-def shared_gate(slots: int, max_queue: int, queue_timeout: float) -> Gate:
-    """The process's decode gate (the cores are the process's, not one app's)."""
-    with _GATES_LOCK:
-        return _GATES.setdefault((slots, max_queue, queue_timeout), Gate(
-            slots=slots, max_queue=max_queue, queue_timeout=queue_timeout,
-            work="reading other uploads", seconds=0.2))
 
 
 class Decoder:
@@ -204,7 +180,10 @@ class Decoder:
         self.timeout = timeout
         #: a helper's address space per request above its own (None: from the budgets)
         self.memory = memory
-        self.gate = shared_gate(slots, max_queue, queue_timeout)
+        with _GATES_LOCK:
+            self.gate = _GATES.setdefault((slots, max_queue, queue_timeout), Gate(
+                slots=slots, max_queue=max_queue, queue_timeout=queue_timeout,
+                work="reading other uploads", seconds=0.2))
         self.pool = POOL
 
     @classmethod
@@ -217,9 +196,9 @@ class Decoder:
                    queue_timeout=settings.queue_timeout)
 
     def start(self) -> None:
-        """Start a helper now, so that the first upload does not wait for one."""
+        """Have a helper idle now (this process's own), so that the first upload does not wait."""
         if self.isolation == "process":
-            self.pool.prestart(1)
+            self.pool.give_back(self.pool.take())
 
     def decode(self, data: bytes, *, size: int, square: bool = False,
                cover: bool = False) -> DecodedUpload:

@@ -20,10 +20,6 @@ from ..errors import BadImage, ConversionError, ImageTooLarge, UnsupportedImage
 from . import decoding
 from .decoding import DecodeLimits
 
-#: Pillow's names of the formats that may hold an animation (APNG is a PNG with frames).
-ANIMATION_FORMATS = ("GIF", "WEBP", "PNG")
-#: PyAV's names of the demuxers accepted for videos, and the format each file is called.
-VIDEO_FORMATS = ("mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm")
 #: The video codecs decoded (FFmpeg's names); others answer 415.
 VIDEO_CODECS = frozenset({"h264", "hevc", "vp8", "vp9", "av1", "mpeg4", "mjpeg", "prores"})
 MEDIA_HINT = ("send a GIF, animated WebP or APNG, or an MP4, WebM or MOV video "
@@ -55,9 +51,8 @@ class MediaInfo:
 
 @dataclass(frozen=True)
 class AudioTrack:
-    """A video's audio as :func:`audio` made it: one stream in an M4A of its own, with the
-    times of the source (counted from the video's first frame), ready to be copied into the
-    MP4 result packet for packet."""
+    """A video's audio as :func:`audio` made it: one stream in an M4A of its own, timed from
+    the video's first frame, ready to be copied into the MP4 result packet for packet."""
 
     data: bytes  # the M4A
     codec: str  # the source's codec (FFmpeg's name)
@@ -239,7 +234,6 @@ def _png_layout(data: bytes) -> _Layout:
     pos, end = 8, len(data)
     declared = None
     controls = 0
-    default_image = False
     while pos + 8 <= end:
         length, kind = struct.unpack_from(">I4s", data, pos)
         body = pos + 8
@@ -251,8 +245,6 @@ def _png_layout(data: bytes) -> _Layout:
             layout.height = max(layout.height, top + height)
             controls += 1
             layout.milliseconds += normal_duration(1000 * num / (den or 100))
-        elif kind == b"IDAT" and declared is not None and not controls:
-            default_image = True  # a default image that is not part of the animation
         elif kind == b"IEND":
             break
         pos = body + length + 4
@@ -350,7 +342,7 @@ def _video_format(data: bytes, demuxer: str) -> str:
 def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits,
                  max_pixels: int) -> MediaInfo:
     fmt = _video_format(data, demuxer)
-    with decoding.failures("the video", lambda exc: _corrupt(fmt, exc)), \
+    with decoding.failures("the video", lambda exc: decoding.corrupt(fmt, exc, MEDIA_HINT)), \
             _open_video(data, demuxer, max_pixels) as container:
         if not container.streams.video:
             raise BadImage(f"the {fmt} file has no video stream; {MEDIA_HINT}")
@@ -409,11 +401,6 @@ def _video_rotation(data: bytes, demuxer: str, info: MediaInfo) -> int:
     return 0
 
 
-def _corrupt(fmt: str, exc: BaseException) -> BadImage:
-    return BadImage(f"the {fmt} file is truncated or corrupt and cannot be decoded "
-                    f"({exc.__class__.__name__}); {MEDIA_HINT}")
-
-
 # -- frames ----------------------------------------------------------------------------
 def frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: DecodeLimits, *,
            size: int, square: bool = False) -> Generator[Frame, None, None]:
@@ -426,7 +413,8 @@ def frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: DecodeLimi
         return
     counter = _Counter(info, limits)
     source = _video_frames if info.kind == "video" else _animation_frames
-    with decoding.failures(f"the {_name(info)}", lambda exc: _corrupt(info.format, exc)):
+    with decoding.failures(f"the {_name(info)}",
+                           lambda exc: decoding.corrupt(info.format, exc, MEDIA_HINT)):
         yield from source(data, info, counter, size, square)
 
 

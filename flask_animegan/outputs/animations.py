@@ -32,19 +32,8 @@ if TYPE_CHECKING:
     from ..inputs.isolation import Decoder
     from ..inputs.media import MediaInfo
 
-__all__ = [
-    "AUDIO_OVERRUN_S",
-    "AUDIO_TIMEOUT_S",
-    "MP4_AUDIO_COPIED",
-    "ApngWriter",
-    "FrameWriter",
-    "GifWriter",
-    "Mp4Writer",
-    "WebPWriter",
-    "crf_for",
-    "preview",
-    "writer_for",
-]
+__all__ = ["AUDIO_OVERRUN_S", "AUDIO_TIMEOUT_S", "MP4_AUDIO_COPIED", "ApngWriter", "FrameWriter",
+           "GifWriter", "Mp4Writer", "WebPWriter", "crf_for", "preview", "writer_for"]
 
 log = logging.getLogger(__name__)
 

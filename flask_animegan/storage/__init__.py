@@ -1,6 +1,5 @@
 """Where the result cache and the result pages live, chosen by one URI: ``memory://``
-in this process, or Redis shared by every instance (redis-py imported only then).
-"""
+in this process, or Redis shared by every instance (redis-py imported only then)."""
 
 from __future__ import annotations
 
@@ -12,11 +11,8 @@ __all__ = ["MemoryStorage", "Storage", "open_storage"]
 
 
 def open_storage(uri: str, *, max_bytes: int, prefix: str) -> Storage:
-    """The storage for ``uri``: a :class:`MemoryStorage` of ``max_bytes``, or a Redis one
-    whose keys start with ``prefix`` (``max_bytes`` is then Redis ``maxmemory``'s job).
-
-    Raises ``ValueError`` for another scheme, ``ImportError`` when redis-py is missing.
-    """
+    """A :class:`MemoryStorage` of ``max_bytes``, or a Redis one whose keys start with
+    ``prefix``; ValueError for another scheme, ImportError when redis-py is missing."""
     scheme = uri_scheme(uri)
     if scheme == "memory":
         return MemoryStorage(max_bytes)

@@ -1,9 +1,5 @@
-"""The storage interface the result cache and the result pages share.
-
-Bytes under keys with their own TTL, one round trip per operation. A backend never
-raises for an outage (a read finds nothing, a write answers ``False``), so a conversion
-goes on without the store.
-"""
+"""The storage the result cache and pages share: bytes under keys with their own TTL. A
+backend never raises for an outage (a read finds nothing, a write answers ``False``)."""
 
 from __future__ import annotations
 
@@ -14,10 +10,6 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 log = logging.getLogger("flask_animegan")
-
-#: A store answers; is unreachable (reads and writes skipped); or refuses writes (OOM).
-STATES = ("ok", "down", "full")
-
 
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is Redis refusing a write at ``maxmemory`` (not an outage)."""

@@ -1,6 +1,5 @@
 """Storage in this process: one cachetools TLRU cache bounded in bytes, per-item expiry,
-least recently used first out. Each process has its own: use Redis to share.
-"""
+least recently used first out. Each process has its own: use Redis to share."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The result pages of form uploads (post/redirect/get), under unguessable ids.
-
-A page is one value in the storage: a fixed header, then MIME type, style, note, the fitted
-input as JPEG and the result. Explicit bytes, never pickle: a shared Redis must not be able
-to run code here.
-"""
+"""The result pages of form uploads (post/redirect/get) under unguessable ids, each one value
+in the storage as explicit bytes, never pickle: a shared Redis must not run code here."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
-"""Storage in a Redis server shared by every instance, that a Redis outage never breaks.
-
-Every key has a TTL and every index a cap, so no client grows the keys without bound; the
-byte budget is the server's ``maxmemory`` (deploy/). While Redis is down, calls answer
-"nothing" at once and a probe runs every ``retry_after``; while it is full, reads go on.
-"""
+"""Storage in a Redis server shared by every instance: every key has a TTL and every index a
+cap; the byte budget is the server's ``maxmemory`` (deploy/). While Redis is down, calls answer
+"nothing" at once and one probe runs every ``retry_after``; while it is full, reads go on."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -18,8 +14,6 @@ from redis.retry import Retry
 
 from ..config import uri_scheme
 from .base import Storage, StoreHealth
-
-log = logging.getLogger("flask_animegan")
 
 T = TypeVar("T")
 #: Seconds a call may wait for Redis, and between two probes while it is down.
@@ -41,11 +35,6 @@ class _Server:
             "Redis", self.address, retry_after=retry_after,
             fallback="going on without the shared cache (result pages kept in this process)",
             secret=str(password) if password else None)
-
-    @property
-    def error(self) -> str | None:
-        """The exception's class while Redis is unreachable, ``"OOM"`` while it is full."""
-        return self.health.error
 
     def run(self, operation: Callable[[redis.Redis], T], default: T, *,
             write: bool = False) -> T:
