@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 from flask import Flask
 
 from .cache import NearDuplicateCache
-from .storage.pages import ResultStore
-from .storage import open_storage
+from .cli import commands as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
 from .config import (
     DEFAULTS,
     AnimeGANOptions,
@@ -29,11 +28,12 @@ from .jobs.records import JobStore
 from .jobs.work import Jobs, run_job
 from .metrics import Metrics
 from .process import configure_process
-from .runtime.catalog import STYLE_NAME, known_styles
 from .runtime import tiles
+from .runtime.catalog import STYLE_NAME, known_styles
 from .runtime.engine import InferenceEngine
 from .service import AnimeGANService
-from .cli import commands as _cli  # noqa: F401  registers `flask animegan ...` on the blueprint
+from .storage import open_storage
+from .storage.pages import ResultStore
 from .web import jobs as _jobs  # noqa: F401  registers the job routes on the blueprint
 from .web import limits as ratelimit
 from .web import openapi as _openapi  # noqa: F401  registers <prefix>/openapi.json

@@ -16,20 +16,19 @@ from flask_limiter import Limiter
 from PIL import Image
 
 from .cache import NearDuplicateCache
-from .storage.pages import ResultStore
 from .config import Settings
-from .errors import ConversionError, Overloaded
-from .inputs.decoding import fit
-from .outputs.stills import encode
-from .inputs.isolation import Decoder
-from .jobs.work import Jobs
-from .metrics import Metrics
 from .convert.converter import Conversion, Converter
 from .convert.request import ConvertRequest, Sizes, parse_request
 from .convert.route import route
+from .errors import ConversionError, Overloaded
+from .inputs.decoding import fit
 from .inputs.media import MediaInfo
+from .jobs.work import Jobs
+from .metrics import Metrics
+from .outputs.stills import encode
 from .runtime.admission import Admission
 from .runtime.engine import InferenceEngine
+from .storage.pages import ResultStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -186,7 +185,8 @@ class AnimeGANService:
             side = self.settings.sample_size
             target = fit(rgb, side, square=chosen.face).size
             # twice the size, then scaled down: converting a thumbnail smears the lines
-            styled = self.engine.run(fit(rgb, 2 * side, square=chosen.face), chosen.name)
+            styled = self.converter.stylize(fit(rgb, 2 * side, square=chosen.face), chosen.name,
+                                            "off")
             small = styled.resize(target, Image.Resampling.LANCZOS)
             sample = encode(small, "jpeg", 85)
             with self._samples_lock:

@@ -12,13 +12,14 @@ import click
 import torch
 
 from ..config import OUTPUT_FORMATS
-from ..errors import ConversionError
 from ..convert.colors import COLOR_MODES
+from ..convert.request import FORMAT_ALIASES, PORTRAIT_MODES, ConvertRequest
+from ..errors import ConversionError
 from ..inputs.media import MediaInfo
 from ..runtime.download import DownloadError, pull_style
 from ..runtime.weights import WeightsError, load_generator, torchscript_quietly
-from ..convert.request import FORMAT_ALIASES, PORTRAIT_MODES, ConvertRequest
 from ..service import get_service
+from ..web.blueprint import blueprint
 from .batch import (
     MOVING_SUFFIXES,
     Refused,
@@ -28,7 +29,6 @@ from .batch import (
     read_entry,
     write_output,
 )
-from ..web.blueprint import blueprint
 
 cli = blueprint.cli
 cli.help = """Photo-to-anime styles: list, download, convert.

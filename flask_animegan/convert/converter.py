@@ -14,11 +14,11 @@ from PIL import Image
 from ..config import PortraitLimits
 from ..errors import ConversionError, Overloaded
 from ..inputs.decoding import centre_square, fit, to_rgb
-from ..outputs.stills import MIME_TYPES, encode
 from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
-from . import repeats
+from ..outputs.stills import MIME_TYPES, encode
 from ..runtime.catalog import StyleInfo
+from . import repeats
 from .colors import keep_colors
 from .request import ConvertRequest
 

@@ -157,8 +157,9 @@ class RQQueue(JobQueue):
 
     def __init__(self, uri: str, *, max_queue: int, job_timeout: int, ttl: int,
                  name: str = QUEUE_NAME) -> None:
-        from ..storage import redis as redis_storage
         from rq import Queue
+
+        from ..storage import redis as redis_storage
 
         self.uri = uri
         self.name = name

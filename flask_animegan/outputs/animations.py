@@ -20,8 +20,8 @@ import numpy as np
 from PIL import GifImagePlugin, Image
 
 from ..errors import ConversionError
-from . import stills as formats
 from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack
+from . import stills as formats
 
 if TYPE_CHECKING:
     from av.audio.stream import AudioStream
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from av.packet import Packet
     from av.video.stream import VideoStream
 
-    from ..inputs.isolation import Decoder
     from ..inputs.media import MediaInfo
 
 __all__ = ["AUDIO_OVERRUN_S", "AUDIO_TIMEOUT_S", "MP4_AUDIO_COPIED", "ApngWriter", "FrameWriter",

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import weakref
 from typing import Any
 
@@ -14,24 +12,17 @@ from flask import (
     abort,
     jsonify,
     make_response,
-    redirect,
     render_template,
     request,
     url_for,
 )
-from werkzeug.wrappers import Response as BaseResponse
 
-from ..config import FRAMES_PER_CONVERSION
-from ..errors import BadParameter, ConversionError, Overloaded, UnsupportedImage
-from ..inputs.media import MediaInfo
-from ..jobs.queues import FULL_RETRY_AFTER
+from ..errors import ConversionError
 from ..jobs.records import JobRecord, JobState
 from ..jobs.work import Jobs
 from ..service import get_service
 from . import csrf, uploads, views
 from .blueprint import blueprint
-from .clients import CONVERSIONS_SCOPE, client_key
-from .limits import spending
 
 log = logging.getLogger("flask_animegan")
 #: Seconds the page waits before it refreshes itself, and the script between polls.

@@ -24,9 +24,11 @@ from limits.storage import (
 from limits.storage import Storage as CountStorage
 from werkzeug.exceptions import HTTPException
 
-from ..storage.base import StoreHealth
 from ..config import Settings, StorageURIs, uri_scheme
+from ..convert.request import parse_size
+from ..errors import BadParameter
 from ..service import get_service
+from ..storage.base import StoreHealth
 from . import csrf
 from .blueprint import blueprint
 from .clients import CONVERSIONS_SCOPE, client_address
@@ -237,10 +239,12 @@ def conversion_cost() -> int:
             raw = request.form.get("size")
         except HTTPException:  # too large: the view answers (raised here, an "outage")
             return 1
-    text = (raw or "").strip()
-    size = int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else 0
     side = service.sizes.default
-    if not side < size <= service.sizes.photo:
+    try:  # the one parser of the view's; a bad size is refused there, and counts 1
+        size = parse_size(raw, default=side, largest=service.sizes.photo)
+    except BadParameter:
+        return 1
+    if size <= side:
         return 1
     cap = min(item.amount for item in parse_many(service.settings.rate_limit))
     return max(1, min(cap, math.ceil((size / side) ** 2)))

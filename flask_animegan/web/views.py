@@ -32,24 +32,20 @@ from werkzeug.routing import RequestRedirect
 from werkzeug.wrappers import Response as BaseResponse
 from werkzeug.wsgi import get_input_stream
 
-from ..storage.pages import StoredResult
 from ..config import DEFAULTS, OUTPUT_FORMATS
-from ..errors import (
-    BadImage,
-    BadParameter,
-    ConversionError,
-    ImageTooLarge,
-    UnsupportedImage,
-)
-from ..outputs.stills import encode
-from ..inputs.media import MEDIA_HINT, MediaInfo, other_container
 from ..convert.converter import Conversion, describe_timings
 from ..convert.request import parameter_word
+from ..errors import (
+    BadParameter,
+    ConversionError,
+)
+from ..outputs.stills import encode
 from ..service import WARMING_RETRY_AFTER, get_service
+from ..storage.pages import StoredResult
 from . import csrf, protection, uploads
 from .blueprint import blueprint
 from .clients import client_key, is_loopback
-from .limits import conversion_cost, deducts, spending
+from .limits import conversion_cost, deducts
 
 #: The job API's endpoints, all JSON (its page, ``job_page``, is HTML).
 JOB_API_ENDPOINTS = frozenset({"animegan.create_job", "animegan.job", "animegan.cancel_job",
