@@ -169,11 +169,9 @@ class AnimeGAN:
         converter = Converter(
             decoder, engine, quality=settings.jpeg_quality, cache=cache,
             # at most STATS_SIDE, the tiles' first pass would run the picture whole
-            tile_above=max(settings.max_side, tiles.STATS_SIDE),
-            portrait=derived.portrait)
+            tile_above=max(settings.max_side, tiles.STATS_SIDE), portrait=derived.portrait)
         jobs = Jobs(settings, self._job_store(settings, derived.storage, secret), job_queue,
-                    converter,
-                    convert_url=f"{settings.url_prefix.rstrip('/')}/convert")
+                    converter, convert_url=f"{settings.url_prefix.rstrip('/')}/convert")
         service = AnimeGANService(settings, engine, converter, cache, results,
                                   partial(ratelimit.counting_limiter, app.extensions, own),
                                   own, metrics, jobs)

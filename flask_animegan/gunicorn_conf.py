@@ -268,18 +268,12 @@ def _keep_the_heap_flat() -> None:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc
         return
-    m_mmap_threshold, m_arena_max = -3, -8
-    libc.mallopt(m_mmap_threshold, 1 << 20)
-    libc.mallopt(m_arena_max, 2)
+    libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    libc.mallopt(-8, 2)  # M_ARENA_MAX
 
 
 def on_starting(server: Any) -> None:
-    _clear_metrics()
-    _keep_off_a_live_control_socket(server)
-
-
-def _clear_metrics() -> None:
-    """Start metrics from zero: files left by an earlier run would be summed in."""
+    """Empty the metrics folder (old files would be summed in); keep off a live control socket."""
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if _METRICS and folder:
         import glob
@@ -287,6 +281,7 @@ def _clear_metrics() -> None:
         os.makedirs(folder, exist_ok=True)
         for path in glob.glob(os.path.join(folder, "*.db")):
             os.remove(path)
+    _keep_off_a_live_control_socket(server)
 
 
 def _keep_off_a_live_control_socket(server: Any) -> None:

@@ -70,7 +70,8 @@ class AnimeGANService:
         self.admission = Admission(1 + settings.max_queue, engine.gate.retry_after)
         self._counting_limiter = counting_limiter
         self.own_limiter = own_limiter
-        self._model: nn.Module | None = None
+        #: the default style's torch network once warmed up (None before, or if unusable)
+        self.model: nn.Module | None = None
         self._samples: dict[str, bytes] = {}
         self._samples_lock = threading.Lock()
         self._warm_lock = threading.Lock()
@@ -88,11 +89,6 @@ class AnimeGANService:
         """Whether our views add the X-RateLimit-* headers: only when our own Limiter counts."""
         return self.own_limiter is not None and self.limiter is self.own_limiter
 
-    @property
-    def model(self) -> nn.Module | None:
-        """The default style's torch network once warmed up (None before, or if unusable)."""
-        return self._model
-
     # -- getting ready -------------------------------------------------------------
     def warm_up(self) -> None:
         """Load the default style, settle its precision, run the warm-up inference and make
@@ -102,7 +98,7 @@ class AnimeGANService:
                 return
             self.decoder.start()
             model, problem = self.engine.prepare(self.settings.warmup_size)
-            self._model = model
+            self.model = model
             if model is None:
                 log.warning("flask_animegan: the default style is not usable, conversions "
                             "will answer 503: %s", problem)
@@ -151,7 +147,7 @@ class AnimeGANService:
                 self.warm_up()
             except Exception:  # noqa: BLE001 - logged; /healthz then says no_model
                 log.exception("flask_animegan: warming up failed; conversions will answer 503")
-                self._model = None
+                self.model = None
                 self.warmed_up = True
             finally:
                 self.warming = False
@@ -296,10 +292,8 @@ def get_service() -> AnimeGANService:
     try:
         service: AnimeGANService = current_app.extensions["animegan"]
     except KeyError:
-        raise RuntimeError(
-            "flask_animegan is not initialised on this app: did you forget "
-            "AnimeGAN(app) or animegan.init_app(app)?"
-        ) from None
+        raise RuntimeError("flask_animegan is not initialised on this app: did you forget "
+                           "AnimeGAN(app) or animegan.init_app(app)?") from None
     return service
 
 

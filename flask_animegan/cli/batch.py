@@ -24,7 +24,6 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK,
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 _OPEN_FLAGS = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
                | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
-_CHUNK = 1 << 20
 
 
 class Refused(Exception):
@@ -112,7 +111,7 @@ def read_entry(path: Path, limit: int) -> bytes:
         chunks, left = [], limit + 1
         while left > 0:
             try:
-                chunk = os.read(descriptor, min(left, _CHUNK))
+                chunk = os.read(descriptor, min(left, 1 << 20))
             except OSError as exc:
                 raise Refused(f"cannot be read: {exc.strerror or exc}") from None
             if not chunk:

@@ -67,10 +67,10 @@ def styles_command() -> None:
         crop = "  [faces: centre square]" if style["face_crop"] else ""
         click.echo(f"{style['name']:<20} {state}{crop}")
         click.echo(f"{'':<20} licence: {style['licence']}")
-        details = service.engine.broken_details().get(style["name"])
+        details = service.engine.pool.broken_details().get(style["name"])
         if details:
             click.echo(f"{'':<20} error: {details}")
-    for file_name, why in service.engine.skipped.items():
+    for file_name, why in service.engine.registry.skipped.items():
         click.echo(f"{file_name!r:<20} SKIPPED: {why}")
 
 
@@ -130,7 +130,7 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
         raise click.ClickException(str(exc)) from None
     finally:
         progress.finish()
-    service.engine.rescan()
+    service.engine.registry.rescan()
     click.echo(f"installed {path} (hash verified); restart the server to serve it")
 
 
@@ -149,8 +149,7 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
               show_default=True,
               help="Keep the photo's brightness (luma) or its colours (keep).")
 @click.option("--portrait", type=click.Choice(PORTRAIT_MODES, case_sensitive=False),
-              default="auto",
-              show_default=True,
+              default="auto", show_default=True,
               help="Portrait mode: find the faces and convert each on its own (auto: with "
                    "the face styles); faces: write only the faces, side by side.")
 @click.option("--overwrite", is_flag=True,

@@ -27,9 +27,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..cache.near_duplicate import Fingerprint, Lookup
     from ..runtime.engine import InferenceEngine
 
-#: Seconds between two tries of a frame while web conversions fill the model's queue.
-BUSY_WAIT = 0.5
-
 
 @dataclass
 class Conversion:
@@ -64,8 +61,6 @@ class MediaResult:
     data: bytes
     mimetype: str
     preview: bytes
-    frames_done: int
-    frames_reused: int
 
 
 #: Called after each frame with (frames done, frames reused); raising stops the run.
@@ -241,7 +236,7 @@ class Converter:
                     if on_busy is None:
                         raise
                     on_busy()
-                    time.sleep(BUSY_WAIT)
+                    time.sleep(0.5)  # web conversions fill the model's queue: try again soon
             anchor = picture
             yield frame, converted, False
 
@@ -249,7 +244,11 @@ class Converter:
               progress: Progress | None = None, on_busy: Callable[[], None] | None = None,
               timeout_total: float | None = None) -> MediaResult:
         """Convert an animation or a video frame by frame into the upload's kind."""
-        encoders = _encoders()
+        try:  # imported on first use: an app of photos only needs no PyAV
+            from ..outputs import animations as encoders
+        except ImportError as exc:
+            raise ConversionError("animations and videos need PyAV on this server: pip "
+                                  "install 'flask-animegan[jobs]'") from exc
         style = request.style
         writer, mimetype = encoders.writer_for(
             info, lambda: self.decoder.audio(
@@ -273,17 +272,7 @@ class Converter:
         finally:
             writer.close()  # an abandoned result: its temporary file goes
             getattr(frames, "close", lambda: None)()  # the helper, killed
-        return MediaResult(result, mimetype, encoders.preview(first, self.quality), done, reused)
-
-
-def _encoders() -> Any:
-    """outputs/animations.py, imported on first use: an app of photos only needs no PyAV."""
-    try:
-        from ..outputs import animations as encoders
-    except ImportError as exc:
-        raise ConversionError("animations and videos need PyAV on this server: pip install "
-                              "'flask-animegan[jobs]'") from exc
-    return encoders
+        return MediaResult(result, mimetype, encoders.preview(first, self.quality))
 
 
 def strip(crops: list[Image.Image]) -> Image.Image:

@@ -60,7 +60,6 @@ _WEBP_CANVASES = 2
 #: Rows of a high-bit-depth or float image are brought to 8 bits this many pixels at
 #: a time, so the float temporaries stay small (about 20 bytes a pixel of the band).
 _GRAY_BAND_PIXELS = 1 << 16
-_GRAY_BAND_BYTES = 20 * _GRAY_BAND_PIXELS
 #: What parsing and applying an ICC profile costs beside the pixels: lcms's tables for
 #: the transform, and a few copies of the profile itself.
 _ICC_FIXED_BYTES = 2 << 20
@@ -86,7 +85,7 @@ def decode_bytes_needed(image: ImageFile.ImageFile, opened: OpenedUpload, *, siz
     persistent, transient = _decoder_bytes(image, opened.multi_scan, source_size)
     to_rgb_bytes = area * _conversion_bytes_per_pixel(image)
     if image.mode.startswith("I") or image.mode == "F":
-        to_rgb_bytes += _GRAY_BAND_BYTES
+        to_rgb_bytes += 20 * _GRAY_BAND_PIXELS
     icc = image.info.get("icc_profile")
     if icc and image.mode in _ICC_MODES:
         kept += _ICC_FIXED_BYTES + _ICC_PROFILE_COPIES * len(icc)
@@ -490,12 +489,10 @@ def _unidentified(data: bytes, hint: str) -> Exception:
 
 
 # -- orientation -----------------------------------------------------------------------
-_TRANSPOSE = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180,
+              4: Image.Transpose.FLIP_TOP_BOTTOM, 5: Image.Transpose.TRANSPOSE,
+              6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}
 _TURNS = frozenset({5, 6, 7, 8})  # the orientations that swap width and height
 
 

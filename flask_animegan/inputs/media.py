@@ -333,15 +333,12 @@ def codec_name(stream: Any) -> str:
     return str(stream.codec_context.codec.canonical_name)
 
 
-def _video_format(data: bytes, demuxer: str) -> str:
-    if demuxer == "mov":
-        return "MOV" if data[8:12] == b"qt  " else "MP4"
-    return "WEBM" if b"webm" in data[:64] else "MKV"
-
-
 def _probe_video(data: bytes, demuxer: str, decode: DecodeLimits,
                  max_pixels: int) -> MediaInfo:
-    fmt = _video_format(data, demuxer)
+    if demuxer == "mov":
+        fmt = "MOV" if data[8:12] == b"qt  " else "MP4"
+    else:
+        fmt = "WEBM" if b"webm" in data[:64] else "MKV"
     with decoding.failures("the video", lambda exc: decoding.corrupt(fmt, exc, MEDIA_HINT)), \
             _open_video(data, demuxer, max_pixels) as container:
         if not container.streams.video:

@@ -23,8 +23,6 @@ CLIENT_LIST_CAP = 32
 #: The newest runs the sweep looks through for stalled ones.
 STARTED_LIST_CAP = 256
 STARTED_INDEX = "jobs:started"
-#: Seconds an overwritten upload lingers (a TTL of 0 stores nothing on every backend).
-GONE_TTL = 1
 
 
 class JobState(str, Enum):
@@ -167,12 +165,11 @@ class JobStore:
         return self.storage.get(self._key(job_id, "cancel")) is not None
 
     def get_input(self, job_id: str) -> bytes | None:
-        data = self.storage.get(self._key(job_id, "input"))
-        return data or None
+        return self.storage.get(self._key(job_id, "input")) or None
 
     def drop_input(self, job_id: str) -> None:
         """Forget the upload of an ended job (overwritten, expiring at once)."""
-        self.storage.set(self._key(job_id, "input"), b"", GONE_TTL)
+        self.storage.set(self._key(job_id, "input"), b"", 1)  # a TTL of 0 stores nothing
 
     def put_result(self, job_id: str, data: bytes, preview: bytes) -> bool:
         return (self.storage.set(self._key(job_id, "result"), data, self.ttl)

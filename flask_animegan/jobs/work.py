@@ -113,8 +113,7 @@ class Jobs:
         """Queue again (once) or fail a run whose worker stopped reporting, once among readers."""
         if not self._stalled(record):
             return record
-        stall = JOB_STALL_SECONDS
-        if not self.store.claim(record.id, f"settle-{record.attempts}", stall):
+        if not self.store.claim(record.id, f"settle-{record.attempts}", JOB_STALL_SECONDS):
             return self.store.get(record.id) or record
         current = self.store.get(record.id)  # it may have reported since it was read
         if current is None or current.attempts != record.attempts or not self._stalled(current):
@@ -170,8 +169,7 @@ class Jobs:
             self._finish(record, JobState.FAILED, "the upload expired before a worker "
                                                   "took the job; send it again")
             return
-        if not self.store.claim(job_id, f"run-{record.attempts + 1}",
-                                JOB_STALL_SECONDS):
+        if not self.store.claim(job_id, f"run-{record.attempts + 1}", JOB_STALL_SECONDS):
             return  # a second entry of this run in the queue: another worker has it
         record.state, record.attempts = JobState.RUNNING, record.attempts + 1
         record.started_at = record.updated_at = time.time()

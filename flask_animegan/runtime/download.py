@@ -14,8 +14,6 @@ from pathlib import Path
 from .catalog import StyleInfo
 from .weights import file_git_blob_sha1
 
-CHUNK = 64 * 1024
-
 
 class DownloadError(Exception):
     """The download failed or did not match its pin; nothing was installed."""
@@ -40,7 +38,7 @@ def pull_style(style: StyleInfo, models_dir: Path, *, base_url: str | None = Non
                     length = response.headers.get("Content-Length")
                     total = int(length) if length and length.isdigit() else None
                     on_start(total)
-                    while chunk := response.read(CHUNK):
+                    while chunk := response.read(64 * 1024):
                         out.write(chunk)
                         received += len(chunk)
                         on_chunk(len(chunk))

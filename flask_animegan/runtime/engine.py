@@ -123,13 +123,6 @@ class InferenceEngine:
     def styles(self) -> dict[str, StyleInfo]:
         return self.registry.installed
 
-    @property
-    def skipped(self) -> dict[str, str]:
-        return self.registry.skipped
-
-    def rescan(self) -> None:
-        self.registry.rescan()
-
     def style(self, name: str | None) -> StyleInfo:
         """The installed style ``name`` (None: the default), or UnknownStyle/StyleUnavailable."""
         return self.registry.get(name)
@@ -141,9 +134,6 @@ class InferenceEngine:
     def runner(self, name: str | None = None) -> Runner:
         """What runs a style (its backend and precision), loading the style on first use."""
         return self.pool.get(self.style(name)).runner
-
-    def broken_details(self) -> dict[str, str]:
-        return self.pool.broken_details()
 
     # -- loading a style -------------------------------------------------------------
     def _load_style(self, style: StyleInfo) -> LoadedStyle:

@@ -29,10 +29,6 @@ class _Item:
         return sum(len(member) for member in self.payload) + ITEM_OVERHEAD
 
 
-def _expires(_key: Any, item: _Item, now: float) -> float:
-    return now + item.ttl
-
-
 class MemoryStorage(Storage):
     """Values and index lists in a byte-bounded, per-item-TTL LRU cache, safe across threads."""
 
@@ -42,7 +38,7 @@ class MemoryStorage(Storage):
     def __init__(self, max_bytes: int, *, timer: Callable[[], float] = time.monotonic) -> None:
         self.max_bytes = max(int(max_bytes), 0)
         self._items: TLRUCache[tuple[str, str], _Item] = TLRUCache(
-            maxsize=max(self.max_bytes, 1), ttu=_expires, timer=timer,
+            maxsize=max(self.max_bytes, 1), ttu=lambda _key, item, now: now + item.ttl, timer=timer,
             getsizeof=lambda item: item.nbytes)
         # gunicorn's threads share one storage; cachetools caches are not thread-safe
         self._lock = threading.Lock()

@@ -30,7 +30,6 @@ PAGE_REFRESH_S = 2
 #: What a job result is called when downloaded, by MIME type.
 _EXTENSIONS = {"image/gif": "gif", "image/webp": "webp", "image/png": "png",
                "image/apng": "png", "video/mp4": "mp4"}
-_NOT_FOUND = "no such job: it has expired or never existed; send the file again"
 _exempted: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -89,7 +88,7 @@ def _record(job_id: str) -> JobRecord:
     """The job's record, a stalled run settled first; 404 for no such job."""
     record = _jobs().get(job_id)
     if record is None:
-        abort(404, _NOT_FOUND)
+        abort(404, "no such job: it has expired or never existed; send the file again")
     return record
 
 

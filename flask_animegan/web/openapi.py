@@ -19,10 +19,10 @@ _ERROR = {"$ref": "#/components/responses/Error"}
 _BUSY = {"$ref": "#/components/responses/Busy"}
 _LIMITED = {"$ref": "#/components/responses/RateLimited"}
 _HTML: dict[str, Any] = {"description": "An HTML page", "content": {"text/html": {"schema": {"type": "string"}}}}
-_JPEG = {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}}
-_IMAGES = {f"image/{fmt}": {"schema": {"type": "string", "format": "binary"}}
-           for fmt in OUTPUT_FORMATS}
-_ANIMATIONS = {mime: {"schema": {"type": "string", "format": "binary"}}
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+_JPEG = {"image/jpeg": _BINARY}
+_IMAGES = {f"image/{fmt}": _BINARY for fmt in OUTPUT_FORMATS}
+_ANIMATIONS = {mime: _BINARY
                for mime in ("image/gif", "image/webp", "image/png", "image/apng", "video/mp4")}
 #: A page's 404: the page with the error, or (a path no route matches) the JSON error.
 _PAGE_404 = {"description": "Not found: the page, or the JSON error for an unknown path",
@@ -74,16 +74,13 @@ def _conversion_parameters() -> list[dict[str, Any]]:
 
 def _upload_body(form_fields: bool = True) -> dict[str, Any]:
     multipart: dict[str, Any] = {"type": "object", "required": ["image"],
-                                 "properties": {"image": {"type": "string",
-                                                          "format": "binary"}}}
+                                 "properties": {"image": _BINARY["schema"]}}
     if form_fields:
         for name in ("style", "size", "format", "colors", "portrait"):
             multipart["properties"][name] = {"type": "string"}
     return {"required": True, "content": {
         "multipart/form-data": {"schema": multipart},
-        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-        "image/jpeg": {"schema": {"type": "string", "format": "binary"}},
-        "image/png": {"schema": {"type": "string", "format": "binary"}},
+        "application/octet-stream": _BINARY, "image/jpeg": _BINARY, "image/png": _BINARY,
     }}
 
 

@@ -117,15 +117,11 @@ def job_for_convert(info: MediaInfo) -> SendElsewhere:
         "its progress", jobs_url=url_for(".create_job"))
 
 
-def _conversions(frames: int) -> int:
-    return max(1, math.ceil(frames / FRAMES_PER_CONVERSION))
-
-
 def _charge_frames(info: MediaInfo) -> None:
     """Count a job's frames as ``ceil(frames / N)`` conversions against the rate limit;
     TooManyJobs, costing one (flask-limiter's, after the view), if they do not fit."""
     service = get_service()
-    cost = _conversions(info.frames)
+    cost = math.ceil(info.frames / FRAMES_PER_CONVERSION)
     if cost <= 1:
         return
     for counted in service.limiter.current_limits:

@@ -86,20 +86,16 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
         g.animegan_admission = get_service().admission.enter()
     # a chunked body is cut at the limit silently: one byte more lets read_upload refuse it
     limit = get_service().settings.max_upload_bytes
-    _limit_the_body(limit if request.content_length is not None else limit + 1)
-    request.max_form_parts = MAX_FORM_PARTS
-    csrf.exempt_from_host(convert)  # why that is safe: csrf.py
-
-
-def _limit_the_body(limit: int) -> None:
-    """Set this request's body limit (on Flask 3.0, whose property is read-only, the stream)."""
+    limit = limit if request.content_length is not None else limit + 1
     try:
         request.max_content_length = limit
-    except AttributeError:  # Flask 3.0: a read-only property
+    except AttributeError:  # Flask 3.0: a read-only property; the stream takes the limit
         try:
             request.stream = get_input_stream(request.environ, max_content_length=limit)
         except RequestEntityTooLarge:
             request.stream = io.BufferedReader(_RefusedBody())
+    request.max_form_parts = MAX_FORM_PARTS
+    csrf.exempt_from_host(convert)  # why that is safe: csrf.py
 
 
 class _RefusedBody(io.RawIOBase):
@@ -209,11 +205,6 @@ def _window(current: Any) -> tuple[int, int] | None:
         return None
 
 
-def _path_only(url: str) -> str:
-    parts = urlsplit(url)
-    return parts.path + (f"?{parts.query}" if parts.query else "")
-
-
 def _under_our_routes(path: str, prefix: str) -> bool:
     """Whether ``path`` is ours: under the prefix or, at the root, under a route's first segment."""
     if prefix:
@@ -233,7 +224,8 @@ def routing_error_response(response: Response) -> Response:
         return response
     if isinstance(request.routing_exception, RequestRedirect):
         # Werkzeug's slash redirect is built from the client's Host header: keep the path only
-        response.headers["Location"] = _path_only(request.routing_exception.new_url)
+        parts = urlsplit(request.routing_exception.new_url)
+        response.headers["Location"] = parts.path + (f"?{parts.query}" if parts.query else "")
         return add_security_headers(response)
     error = request.routing_exception
     if isinstance(error, HTTPException) and error.code:
