@@ -97,6 +97,8 @@ class AnimeGANService:
             if self.warmed_up:
                 return
             self.decoder.start()
+            if self.cache.enabled and self.cache.near:  # its pHash imports SciPy: not at a request
+                self.cache.fingerprint(Image.new("RGB", (32, 32)))
             model, problem = self.engine.prepare(self.settings.warmup_size)
             self.model = model
             if model is None:
