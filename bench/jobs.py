@@ -287,8 +287,8 @@ class CountingEngine:
         self.calls = 0
         self.samples: list[tuple[int, float]] = []
 
-    def run(self, image: Image.Image, style: str) -> Image.Image:
-        result = self.engine.run(image, style)
+    def run(self, image: Image.Image, style: str, **options: Any) -> Image.Image:
+        result = self.engine.run(image, style, **options)
         self.calls += 1
         if self.calls % self.every == 0:
             self.samples.append((self.calls, rss_mib()))
@@ -367,12 +367,12 @@ def measure(models_dir: Path, style: str, *, quick: bool, backend: str = "torch"
 
         long_clip = encode_clip(motion_frames(Motion("pan", 1), plan.memory_frames,
                                               plan.memory_size), plan.memory_size)
-        counting = CountingEngine(service.jobs.engine, 10)
-        service.jobs.engine = counting
+        counting = CountingEngine(service.converter.engine, 10)
+        service.converter.engine = counting
         try:
             seconds, record = run_job(service, long_clip, max(plan.memory_size))
         finally:
-            service.jobs.engine = counting.engine
+            service.converter.engine = counting.engine
         samples = counting.samples
         at_50 = next(mib for calls, mib in samples if calls >= 50)
         results["memory"] = {

@@ -141,10 +141,11 @@ CASES = [
     Case("JPEG EXIF turn", _plain("RGB", "JPEG", exif=_exif(6)), size=4096),
     Case("JPEG square crop", _plain("RGB", "JPEG"), size=4096, square=True),
     Case("JPEG progressive", _plain("RGB", "JPEG", progressive=True), size=4096),
-    # fitted under 6x, and a cover fit's larger picture
-    Case("JPEG RGB fitted under 6x", _plain("RGB", "JPEG"), size=1024),
-    Case("JPEG square crop fitted under 6x", _plain("RGB", "JPEG"), size=1024, square=True),
-    Case("JPEG cover", _plain("RGB", "JPEG"), size=1024, cover=True),
+    # decoded whole (under 2 x DRAFT_MARGIN the output) then fitted, and a cover fit's
+    # larger picture
+    Case("JPEG RGB fitted under 2.5x", _plain("RGB", "JPEG"), size=1536),
+    Case("JPEG square crop fitted under 2.5x", _plain("RGB", "JPEG"), size=1536, square=True),
+    Case("JPEG cover", _plain("RGB", "JPEG"), size=1536, cover=True),
     Case("JPEG progressive drafted", _plain("RGB", "JPEG", progressive=True), size=128),
     Case("JPEG progressive CMYK drafted", _plain("CMYK", "JPEG", progressive=True),
          size=128),
