@@ -1,7 +1,7 @@
 """The app's side of jobs (:class:`Jobs`): queue one, read it back, cancel it, run it.
 
 A job is never left "running": a run whose heartbeat is older than
-ANIMEGAN_JOB_STALL_SECONDS is queued again once, else failed, by a reader or the sweep;
+JOB_STALL_SECONDS (config) is queued again once, else failed, by a reader or the sweep;
 each step is claimed in the store, so it happens once."""
 
 from __future__ import annotations
@@ -59,7 +59,6 @@ class Jobs:
         self.store = store
         self.queue = queue
         self.converter = converter
-        self.engine = converter.engine
         #: where a still photo is sent instead
         self.convert_url = convert_url
         queue.sweep_with(self.sweep, self.sweep_every)
@@ -197,7 +196,7 @@ class Jobs:
     def _convert(self, record: JobRecord, data: bytes) -> None:
         started = time.monotonic()
         deadline = started + self.settings.job_timeout
-        request = ConvertRequest(self.engine.style(record.style), record.size, "jpeg",
+        request = ConvertRequest(self.converter.engine.style(record.style), record.size, "jpeg",
                                  Options(colors=record.colors, portrait="off"))
         info = self.probe(data)
         if info.kind == "still":
