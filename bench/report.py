@@ -93,6 +93,12 @@ def stages(results: dict[str, Any]) -> str:
                      pct(section["model_ms"] / section["total_ms"])])
         rows.append(["outside the model", num(section["outside_model_ms"]),
                      pct(section["outside_model_share"])])
+    if "in_process" in section:
+        floor = section["in_process"]
+        rows.append(["decode in this process instead (isolation thread)", num(floor["decode_ms"]),
+                     ""])
+        rows.append(["outside the model, decoding in this process", num(floor["outside_model_ms"]),
+                     pct(floor["outside_model_share"])])
     encode = [[fmt, num(e["ms"]), e["bytes"]] for fmt, e in section["encode"].items()]
     return (f"{head}\n" + table(["stage", "ms", "share"], rows)
             + f"\n\nEncode cost of the result (quality {section['encode_quality']}):\n"
