@@ -445,6 +445,12 @@ class Settings:
         'Block of ANIMEGAN_BASE_TEMPLATE that the pages fill, e.g. `content` for a '
         "site's layout; the built-in base template's is `animegan_content`.",
         check=_block_name)
+    render_template: Any = _setting(
+        'flask.render_template', Hook,
+        'A callable (or its dotted path) that renders every page, called like '
+        '`flask.render_template(name, **context)`; a themed site gives its theme manager\'s '
+        '(docs/integration.md).',
+        check=_hook)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -552,6 +558,7 @@ class AnimeGANOptions(TypedDict, total=False):
     metrics: bool
     base_template: str
     content_block: str
+    render_template: Any
 
 
 _KIND_WORDS = {int: "a whole number", float: "a number", bool: "True or False",
@@ -812,7 +819,7 @@ _ENV = "environment variable "
 
 def _from_text(setting: Setting, raw: str) -> Any:
     if setting.kind is Hook and raw.strip() == "":
-        return None  # an empty variable: no check
+        return setting.default  # an empty variable: unset, i.e. the default
     if setting.kind in (str, Hook):
         value: Any = raw
     elif setting.kind is list:  # dotted paths, separated by commas or spaces

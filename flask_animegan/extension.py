@@ -145,6 +145,8 @@ class AnimeGAN:
             catalog = known_styles(settings.extra_styles)
             _check_csrf_secret(app, settings)
             protection.install(app, settings)
+            render_template = protection.imported(
+                "ANIMEGAN_RENDER_TEMPLATE", settings.render_template, "site.themes:render")
             own = (None if ratelimit.host_limiter(app.extensions)
                    else ratelimit.own_limiter(app, settings, derived.storage))
             job_queue = open_queue(settings, derived.storage.state, partial(self._run_job, app))
@@ -174,7 +176,7 @@ class AnimeGAN:
                     converter, convert_url=f"{settings.url_prefix.rstrip('/')}/convert")
         service = AnimeGANService(settings, engine, converter, cache, results,
                                   partial(ratelimit.counting_limiter, app.extensions, own),
-                                  own, metrics, jobs)
+                                  own, metrics, jobs, render_template=render_template)
         app.extensions[EXTENSION_KEY] = service
         app.register_blueprint(blueprint, url_prefix=settings.url_prefix)
         _check_no_route_is_shadowed(app, settings.url_prefix)

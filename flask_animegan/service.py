@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flask import current_app
+from flask import current_app, render_template
 from flask_limiter import Limiter
 from PIL import Image
 
@@ -54,7 +54,8 @@ class AnimeGANService:
     def __init__(self, settings: Settings, engine: InferenceEngine, converter: Converter,
                  cache: NearDuplicateCache, results: ResultStore,
                  counting_limiter: Callable[[], Limiter], own_limiter: Limiter | None,
-                 metrics: Metrics | None = None, jobs: Jobs | None = None) -> None:
+                 metrics: Metrics | None = None, jobs: Jobs | None = None,
+                 render_template: Callable[..., str] = render_template) -> None:
         self.settings = settings
         self.engine = engine
         self.converter = converter
@@ -63,6 +64,8 @@ class AnimeGANService:
         self.results = results
         self.metrics = metrics
         self.jobs = jobs  # animations and videos (jobs/work.py); None: made without them
+        #: renders every page (ANIMEGAN_RENDER_TEMPLATE): Flask's, or the site's theme manager's
+        self.render_template = render_template
         self.sizes = Sizes(default=settings.max_side,
                            photo=settings.max_output_side or settings.max_side,
                            media=settings.max_side, default_format=settings.output_format)

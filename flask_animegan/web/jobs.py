@@ -12,7 +12,6 @@ from flask import (
     abort,
     jsonify,
     make_response,
-    render_template,
     request,
     url_for,
 )
@@ -165,7 +164,7 @@ def job_preview(job_id: str) -> Response:
 def job_page(job_id: str) -> Response:
     """The job's progress, refreshing itself until it ends, then its result."""
     record = _record(job_id)
-    response = make_response(render_template("animegan/job.html", animegan=views.page_context(
+    response = make_response(views.render_page("animegan/job.html", views.page_context(
         job=describe(record), refresh=None if record.finished else PAGE_REFRESH_S,
         download_name=_download_name(record) if record.state == JobState.DONE else None,
         error=None, job_error=views.sentence(record.error) if record.error else None)))

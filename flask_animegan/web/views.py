@@ -281,6 +281,35 @@ def page_context(layout: str | Template | None = None, **extra: Any) -> SimpleNa
     )
 
 
+class PageNotRendered(RuntimeError):
+    """A page of ours failed in the site's layout or renderer (the message says which)."""
+
+
+def render_page(template: str, animegan: SimpleNamespace) -> str:
+    """One of our pages, through ANIMEGAN_RENDER_TEMPLATE (Flask's, or the site's own, e.g.
+    its theme manager's); a failure names the settings that choose the layout."""
+    service = get_service()
+    try:
+        return service.render_template(template, animegan=animegan)
+    except HTTPException:
+        raise
+    except Exception as exc:
+        settings = service.settings
+        raise PageNotRendered(
+            f"{template} could not be rendered in ANIMEGAN_BASE_TEMPLATE="
+            f"{settings.base_template!r} through ANIMEGAN_RENDER_TEMPLATE="
+            f"{_hook_name(settings.render_template)}: {type(exc).__name__}: {exc}. A layout "
+            "that calls a theme manager's functions (Flask-Themes2's theme(), theme_static()) "
+            "renders only through that manager: set ANIMEGAN_RENDER_TEMPLATE to a function "
+            "that renders through it (docs/integration.md, Themed layouts)") from exc
+
+
+def _hook_name(value: object) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    return getattr(value, "__qualname__", None) or repr(value)
+
+
 def _layout(base_template: str, block: str) -> str | Template:
     """The template the pages extend: the base template, or an adapter that puts
     ``animegan_content`` into ``block`` (Jinja takes no block name from a variable)."""
@@ -313,7 +342,7 @@ _YES, _NO = frozenset({"1", "true", "yes", "on"}), frozenset({"", "0", "false", 
 
 @blueprint.get("/")
 def index() -> Response:
-    response = make_response(render_template("animegan/index.html", animegan=page_context()))
+    response = make_response(render_page("animegan/index.html", page_context()))
     response.headers["Cache-Control"] = INDEX_CACHE_CONTROL
     return response
 
@@ -357,7 +386,7 @@ def _result_page(stored: StoredResult, token: str | None) -> Response:
         anime = _data_url(stored.mimetype, stored.result)
         sources = {"original": _data_url("image/jpeg", stored.original), "anime": anime,
                    "download": anime}
-    response = make_response(render_template("animegan/result.html", animegan=page_context(
+    response = make_response(render_page("animegan/result.html", page_context(
         token=token, result=stored, sources=sources, kept=token is not None,
         download_name=_download_name(stored))))
     response.headers["Cache-Control"] = RESULT_CACHE_CONTROL
@@ -494,9 +523,12 @@ def _error_response(message: str, status: int, retry_after: int | None = None) -
 
 
 def _error_page(message: str) -> str:
-    """The form with the error, in the site's layout, else (it may be what broke) ours or bare."""
+    """The form with the error, in the site's layout, else (it may be what broke) ours or bare:
+    ours through Flask's own renderer, in case the site's is what broke."""
     for layout in (None, BUILT_IN_BASE):
         try:
+            if layout is None:
+                return render_page("animegan/index.html", page_context(error=message))
             return render_template("animegan/index.html",
                                    animegan=page_context(layout=layout, error=message))
         except Exception:  # noqa: BLE001 - an error page must not fail
