@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pty
 import random
+import re
+import select
 import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +30,7 @@ import torch
 from click.testing import Result
 from conftest import REPO, encode_image, need, open_image, photo, photo_bytes
 from flask import Flask
+from media import gif_from_photos
 from upload_variants import bit_flips
 
 from flask_animegan import load_generator
@@ -236,6 +241,107 @@ def test_convert_format(app: Flask, inputs: tuple[Path, Path], tmp_path: Path, f
     assert result.exit_code == 0, result.output
     assert list(out.iterdir()) == [out / f"{SINGLE_PHOTO}.other_style.{fmt}"]
     assert_converted(out / f"{SINGLE_PHOTO}.other_style.{fmt}", SINGLE_PHOTO, pil_format)
+
+
+#: A converted file's line off a terminal: ``INPUT [(N frames)] -> OUTPUT  SECONDS s``.
+CONVERTED_LINE = re.compile(
+    r"(?P<source>.+?)(?: \((?P<frames>\d+) frames\))? -> (?P<output>.+)  (?P<seconds>\d+\.\d\d) s")
+
+
+def converted_lines(stderr: str) -> dict[str, re.Match[str]]:
+    """The line of each converted file, by the input's name (one line each)."""
+    found: dict[str, re.Match[str]] = {}
+    for line in stderr.splitlines():
+        if match := CONVERTED_LINE.fullmatch(line):
+            name = Path(match["source"]).name
+            assert name not in found, f"two lines for {name}:\n{stderr}"
+            found[name] = match
+    return found
+
+
+def failure_lines(stderr: str, folder: Path) -> list[str]:
+    """The lines about files of ``folder`` other than converted files' lines."""
+    return [line for line in stderr.splitlines()
+            if str(folder) in line and not CONVERTED_LINE.fullmatch(line)]
+
+
+def test_convert_off_a_terminal_prints_a_line_per_file_with_its_time(
+        make_app: Callable[..., Flask], inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    """In a log or a pipe (the runner's output is no terminal), where a progress bar
+    shows only its label, each photo and animation gets a line: input, output, time."""
+    folder, single = inputs
+    (folder / "cat.gif").write_bytes(gif_from_photos(6, size=(64, 48)))
+    app, out = make_app(), tmp_path / "anime"
+    args = ("convert", str(folder), str(single), "-o", str(out), "--size", str(SIZE))
+    started = time.perf_counter()
+    result = invoke(app, *args)
+    elapsed = time.perf_counter() - started
+    assert result.exit_code == 0, result.output
+    lines = converted_lines(result.stderr)
+    assert sorted(lines) == sorted([*(f"{name}.jpg" for name in FOLDER_PHOTOS), "cat.gif",
+                                    single.name]), result.stderr
+    for name, line in lines.items():
+        assert Path(line["source"]) == (single if name == single.name else folder / name)
+        assert Path(line["output"]).parent == out and Path(line["output"]).is_file()
+        assert line["frames"] == ("6" if name == "cat.gif" else None), line[0]
+    assert Path(lines["cat.gif"]["output"]).name == "cat.other_style.gif"
+    # each file's own time, not the time since the start
+    assert sum(float(line["seconds"]) for line in lines.values()) <= elapsed + 0.005 * len(lines)
+    assert "converting" not in result.stderr  # the bar's label, alone on its line before
+    assert "converted 5, skipped 0 already converted, failed 0" in result.stdout
+
+    again = invoke(app, *args)
+    assert again.exit_code == 0 and converted_lines(again.stderr) == {}, again.output
+    skipped = [line for line in again.stderr.splitlines() if ": skipped, " in line]
+    assert sorted(line.split(": skipped, ")[0] for line in skipped) == sorted(
+        line["source"] for line in lines.values())
+    assert all(line.endswith("exists (--overwrite converts it again)") for line in skipped)
+
+
+@pytest.mark.slow  # a command of its own: torch's import and the app's start
+def test_convert_on_a_terminal_shows_its_progress_bars(models_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """On a terminal (a pseudo-terminal here) the batch and each animation have their
+    progress bar, and no line per file."""
+    folder, out = tmp_path / "in", tmp_path / "out"
+    folder.mkdir()
+    (folder / "chelsea.jpg").write_bytes(photo_bytes("chelsea"))
+    (folder / "cat.gif").write_bytes(gif_from_photos(6, size=(64, 48)))
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ANIMEGAN_")}
+    env.update(CLI_ENV, PYTHONPATH=str(REPO), HOME=str(tmp_path), COLUMNS="100",
+               ANIMEGAN_MODELS_DIR=str(models_dir),
+               ANIMEGAN_MODEL_CACHE_DIR=str(tmp_path / "model-cache"))
+    terminal, its_side = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "flask", "--app", "example_app", "animegan", "convert",
+         str(folder), "-o", str(out), "--size", str(SIZE)],
+        stdin=subprocess.DEVNULL, stdout=its_side, stderr=its_side, env=env, cwd=REPO)
+    os.close(its_side)
+    screen, deadline = b"", time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            if select.select([terminal], [], [], 1)[0]:
+                try:
+                    chunk = os.read(terminal, 65536)
+                except OSError:  # EIO: the command has ended and closed its side
+                    break
+                if not chunk:
+                    break
+                screen += chunk
+    finally:
+        os.close(terminal)
+    text = screen.decode(errors="replace")
+    try:
+        code = process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError(f"still running after 300 s:\n{text}") from None
+    assert code == 0, text
+    assert "converting  [" in text and "cat.gif (6 frames)  [" in text, text
+    assert " -> " not in text and ": skipped, " not in text, text
+    assert "converted 2, skipped 0 already converted, failed 0" in text, text
+    assert sorted(p.name for p in out.iterdir()) == ["cat.other_style.gif",
+                                                     "chelsea.other_style.jpeg"]
 
 
 def test_convert_with_another_style(app: Flask, tmp_path: Path) -> None:
@@ -609,11 +715,13 @@ def test_convert_reports_truncated_and_bit_flipped_photos_one_line_each(
     assert "Traceback" not in result.output
     made = {p.name.split(".other_style")[0] for p in out.iterdir()}
     reported = {}
+    done = converted_lines(result.stderr)
     for line in result.stderr.splitlines():
-        if line.startswith(str(folder)):
+        if line.startswith(str(folder)) and not CONVERTED_LINE.fullmatch(line):
             path, _, message = line.partition(": ")
-            assert message and Path(path).name not in reported, line
+            assert message and Path(path).name not in reported | done, line
             reported[Path(path).name] = message
+    assert {Path(n).stem for n in done} == made  # a converted file's line names it
     assert {Path(n).stem for n in reported} | made == {Path(n).stem for n in names}
     assert not {Path(n).stem for n in reported} & made
     assert any(name.startswith("JPEG-cut-0") for name in reported)  # an empty file fails
@@ -687,9 +795,10 @@ def test_convert_reports_an_output_it_cannot_write_and_goes_on(app: Flask,
     result = invoke(app, "convert", str(folder), "-o", str(out), "--size", str(SIZE),
                     "--overwrite")
     assert result.exit_code == 1, result.output
-    assert [line for line in result.stderr.splitlines() if str(folder) in line] == [
+    assert failure_lines(result.stderr, folder) == [
         (f"{folder / 'chelsea.jpg'}: cannot write {out / 'chelsea.other_style.jpeg'}: "
         "Is a directory; check the output folder")]
+    assert list(converted_lines(result.stderr)) == ["coffee.jpg"]
     assert "converted 1, skipped 0 already converted, failed 1; output in" in result.stdout
     assert sorted(p.name for p in out.iterdir()) == ["chelsea.other_style.jpeg",
                                                      "coffee.other_style.jpeg"]
@@ -718,9 +827,10 @@ def test_convert_reports_an_unexpected_error_as_that_files_failure(
     result = invoke(app, "convert", str(folder), "-o", str(out), "--size", str(SIZE))
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
-    assert [line for line in result.stderr.splitlines() if str(folder) in line] == [
+    assert failure_lines(result.stderr, folder) == [
         (f"{folder / 'coffee.jpg'}: failed unexpectedly (KeyError: 'injected'); the other "
         "files went on: please report this with the file")]
+    assert list(converted_lines(result.stderr)) == ["rocket.jpg"]
     assert [p.name for p in out.iterdir()] == ["rocket.other_style.jpeg"]
 
 

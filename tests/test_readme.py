@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from flask import Flask
 
 from flask_animegan.config import ALIASES, REGISTRY
@@ -118,3 +119,22 @@ def test_official_style_pins_in_readme() -> None:
     for style in OFFICIAL_STYLES.values():
         assert f"| `{style.name}` |" in DOCS["styles.md"] and style.sha1 in DOCS["styles.md"], \
             style.name
+
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def test_install_page_gives_each_installer_pytorchs_cpu_index() -> None:
+    """docs/install.md: uv's block parses and sends torch, and only torch, to the CPU index;
+    pip and Poetry name the same index, and the README points there."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    page = DOCS["install.md"]
+    (block,) = re.findall(r"^```toml\n(.*?)^```", page, re.MULTILINE | re.DOTALL)
+    uv = tomllib.loads(block)["tool"]["uv"]
+    assert uv["index"] == [{"name": "pytorch-cpu", "url": CPU_INDEX, "explicit": True}]
+    assert uv["sources"] == {"torch": [{"index": "pytorch-cpu"}]}
+    for command in (f"pip install torch --index-url {CPU_INDEX}", "uv add torch",
+                    f"poetry source add --priority explicit pytorch-cpu {CPU_INDEX}",
+                    "poetry add --source pytorch-cpu torch"):
+        assert command in page, command
+    assert "[docs/install.md](docs/install.md)" in README

@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -177,23 +180,28 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
     entries, unlisted = collect(inputs)
     names = output_names(entries, chosen, fmt)
     out_dir.mkdir(parents=True, exist_ok=True)
+    on_terminal = getattr(sys.stderr, "isatty", lambda: False)()
     # a visible bar leaves its line open
-    line_start = "\n" if getattr(sys.stderr, "isatty", lambda: False)() else ""
+    line_start = "\n" if on_terminal else ""
 
     def report(path: Path, message: str) -> None:
         click.echo(f"{line_start}{path}: {message}", err=True)
+
+    def skip(path: Path, name: str) -> None:
+        if not on_terminal:  # a terminal's bar counts them
+            report(path, f"skipped, {out_dir / name} exists (--overwrite converts it again)")
 
     converted = skipped = failed = 0
     refused = len(unlisted)
     for folder, why in unlisted:
         report(folder, f"refused: {why}")
-    with click.progressbar(list(zip(entries, names)), label="converting", file=sys.stderr,
-                           show_eta=True,
-                           item_show_func=lambda item: item[0].name if item else None) as bar:
+    with _batch_progress(list(zip(entries, names)), on_terminal) as bar:
         for path, name in bar:
             if not overwrite and os.path.lexists(out_dir / name):
                 skipped += 1
+                skip(path, name)
                 continue
+            started, frames = time.perf_counter(), ""
             try:
                 data = read_entry(path, service.settings.max_upload_bytes)
             except Refused as exc:
@@ -206,9 +214,11 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                     name = moving_name(name, fmt, MOVING_SUFFIXES[moving.format])
                     if not overwrite and os.path.lexists(out_dir / name):
                         skipped += 1
+                        skip(path, name)
                         continue
+                    frames = f" ({moving.frames} frames)"
                     output = _convert_moving(path, data, moving,
-                                             service.parse(params, media=True), line_start)
+                                             service.parse(params, media=True), on_terminal)
                 else:
                     conversion = service.convert_upload(data, photo)
                     output = conversion.data
@@ -231,6 +241,9 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                              "check the output folder")
                 continue
             converted += 1
+            if not on_terminal:  # a log or a pipe gets a line per file instead of the bar
+                click.echo(f"{path}{frames} -> {out_dir / name}  "
+                           f"{time.perf_counter() - started:.2f} s", err=True)
     unread = f" ({refused} of them refused unread)" if refused else ""
     click.echo(f"converted {converted}, skipped {skipped} already converted, failed "
                f"{failed + refused}{unread}; output in {out_dir}")
@@ -238,11 +251,24 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
         sys.exit(1)
 
 
+def _batch_progress(items: list[tuple[Path, str]], on_terminal: bool,
+                    ) -> AbstractContextManager[Iterable[tuple[Path, str]]]:
+    """The batch's entries under a progress bar on a terminal; elsewhere (a log, a pipe,
+    where a bar shows only its label) as they are, each file then reported on its line."""
+    if not on_terminal:
+        return nullcontext(items)
+    return click.progressbar(items, label="converting", file=sys.stderr, show_eta=True,
+                             item_show_func=lambda item: item[0].name if item else None)
+
+
 def _convert_moving(path: Path, data: bytes, info: MediaInfo, request: ConvertRequest,
-                    line_start: str) -> bytes:
-    """Convert an animation or a video here as a job would, with no job store; its bytes."""
+                    on_terminal: bool) -> bytes:
+    """Convert an animation or a video here as a job would, with no job store; its bytes,
+    with a progress bar of its frames on a terminal."""
     converter = get_service().converter
-    click.echo(line_start, err=True, nl=False)
+    if not on_terminal:
+        return converter.media(data, info, request).data
+    click.echo("\n", err=True, nl=False)
     with click.progressbar(length=info.frames, label=f"{path.name} ({info.frames} frames)",
                            file=sys.stderr, show_eta=True, show_pos=True) as bar:
         shown = 0
