@@ -12,6 +12,7 @@ from flask import Flask, abort, current_app, jsonify, make_response
 from werkzeug.utils import ImportStringError, import_string
 
 from ..config import Settings
+from . import clients
 from .clients import client_address, is_loopback
 
 EXTENSION_KEY = "animegan.protection"
@@ -35,15 +36,15 @@ class Protection:
     admin_check: Callable[[], Any] | None = None
 
 
-def _imported(key: str, value: Any) -> Any:
+def _imported(key: str, value: Any, example: str = "flask_login.login_required") -> Any:
     if callable(value):
         return value
     try:
         found = import_string(value.replace(":", "."))
     except ImportStringError as exc:
         raise ValueError(f"{key}: {value!r} cannot be imported ({exc.exception}); give the "
-                         "dotted path of an installed function, e.g. "
-                         "'flask_login.login_required', or the function itself") from None
+                         f"dotted path of an installed function, e.g. {example!r}, or the "
+                         "function itself") from None
     if not callable(found):
         raise ValueError(  # noqa: TRY004 - init_app turns ValueErrors into its RuntimeError
             f"{key}: {value!r} is a {type(found).__name__}, not a callable; "
@@ -52,12 +53,15 @@ def _imported(key: str, value: Any) -> Any:
 
 
 def install(app: Flask, settings: Settings) -> None:
-    """Import the site's checks (init_app): one that cannot be imported stops the start."""
+    """Import the site's checks and its client key (init_app): one that cannot be
+    imported stops the start."""
     app.extensions[EXTENSION_KEY] = Protection(
         pages=tuple(_imported("ANIMEGAN_PAGE_DECORATORS", d) for d in settings.page_decorators),
         api=tuple(_imported("ANIMEGAN_API_DECORATORS", d) for d in settings.api_decorators),
         admin_check=(None if settings.admin_check is None
                      else _imported("ANIMEGAN_ADMIN_CHECK", settings.admin_check)))
+    clients.install(app, None if settings.rate_limit_key is None else _imported(
+        "ANIMEGAN_RATE_LIMIT_KEY", settings.rate_limit_key, example="site.auth.client_key"))
 
 
 def _protection() -> Protection:
