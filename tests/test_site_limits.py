@@ -14,6 +14,7 @@ import torch
 from conftest import TEST_CONFIG, encode_image, photo, photo_bytes, save_random_generator
 from flask import Flask
 from host_site import add_login, create_app
+from servers import Server
 
 from flask_animegan.config import DEFAULTS
 from flask_animegan.runtime.generator import Generator
@@ -225,3 +226,44 @@ def test_a_visitors_busy_minute_on_the_page_fits_the_default_limit(make_app):
         assert again.status_code in (200, 303)
         answers.append(again)
     assert remaining(answers[-1]) == int(default.split()[0]) - 10
+
+
+def test_a_host_limiters_own_headers_see_hits_as_free(models_dir):
+    """With the site's Limiter sending its own X-RateLimit-* headers (taken after its
+    deduction), five hits leave its Remaining unchanged too."""
+    from flask_limiter import Limiter
+    from flask_limiter.util import get_remote_address
+
+    from flask_animegan import AnimeGAN
+
+    app = Flask("site_with_headers")
+    app.config.update(TEST_CONFIG, ANIMEGAN_MODELS_DIR=str(models_dir),
+                      ANIMEGAN_RATE_LIMIT="10 per minute")
+    Limiter(get_remote_address, app=app, storage_uri="memory://", headers_enabled=True)
+    AnimeGAN(app)
+    client = app.test_client()
+    data = photo_bytes("coffee")
+    answers = [api(client, data) for _ in range(6)]
+    assert [r.headers["X-Cache"] for r in answers] == ["MISS"] + ["HIT"] * 5
+    assert [r.headers["X-RateLimit-Remaining"] for r in answers] == ["9"] * 6
+
+
+@pytest.mark.server
+def test_through_the_real_server_hits_are_free_under_the_default_limit(models_dir, tmp_path):
+    """What a client of gunicorn sees, with the limit left at its default."""
+    import requests
+
+    server = Server({"ANIMEGAN_MODELS_DIR": str(models_dir), "ANIMEGAN_MAX_SIDE": "128",
+                     "ANIMEGAN_ACCESS_LOG": "", "ANIMEGAN_BACKEND": "torch",
+                     "ANIMEGAN_PRECISION": "fp32", "ANIMEGAN_SAMPLE_SIZE": "0"},
+                    log=tmp_path / "gunicorn.log")
+    try:
+        data = photo_bytes("coffee")
+        answers = [requests.post(f"{server.url}/animegan/convert", data=data, timeout=60,
+                                 headers={"Content-Type": "image/jpeg"}) for _ in range(6)]
+    finally:
+        server.stop()
+    assert [r.headers["X-Cache"] for r in answers] == ["MISS"] + ["HIT"] * 5
+    limit = int(DEFAULTS["ANIMEGAN_RATE_LIMIT"].split()[0])
+    assert {r.headers["X-RateLimit-Limit"] for r in answers} == {str(limit)}
+    assert [r.headers["X-RateLimit-Remaining"] for r in answers] == [str(limit - 1)] * 6
