@@ -61,7 +61,7 @@ def install(app: Flask, settings: Settings) -> None:
         admin_check=(None if settings.admin_check is None
                      else _imported("ANIMEGAN_ADMIN_CHECK", settings.admin_check)))
     clients.install(app, None if settings.rate_limit_key is None else _imported(
-        "ANIMEGAN_RATE_LIMIT_KEY", settings.rate_limit_key, example="site.auth.client_key"))
+        "ANIMEGAN_RATE_LIMIT_KEY", settings.rate_limit_key, example="site.auth.animegan_client"))
 
 
 def _protection() -> Protection:
