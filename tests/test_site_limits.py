@@ -11,7 +11,13 @@ import re
 
 import pytest
 import torch
-from conftest import TEST_CONFIG, encode_image, photo, photo_bytes, save_random_generator
+from conftest import (
+    TEST_CONFIG,
+    encode_image,
+    photo,
+    photo_bytes,
+    save_random_generator,
+)
 from flask import Flask
 from host_site import add_login, create_app
 from servers import Server
@@ -19,7 +25,7 @@ from servers import Server
 from flask_animegan.config import DEFAULTS
 from flask_animegan.runtime.generator import Generator
 
-TOKEN = re.compile(r'<form id="animegan-form".*?name="csrf_token" value="([^"]+)"', re.S)
+TOKEN = re.compile(r'<form id="animegan-form".*?name="csrf_token" value="([^"]+)"', re.DOTALL)
 #: One office behind one NAT: every client below comes from this address.
 OFFICE = {"REMOTE_ADDR": "203.0.113.7"}
 
