@@ -278,10 +278,15 @@ class Settings:
         f'{DECODE_TIMEOUT:g} s timeout; `thread`: in the server process, without them.',
         choices=ISOLATIONS)
     rate_limit: str = _setting(
-        '5 per minute', str,
-        'flask-limiter limit for the upload and convert routes, per client address; '
-        'empty disables it.',
+        '20 per minute', str,
+        'flask-limiter limit for the upload and convert routes, per client (see '
+        'ANIMEGAN_RATE_LIMIT_KEY), counted in conversions (docs/http-api.md); empty disables it.',
         check=_rate_limit)
+    rate_limit_key: Any = _setting(
+        None, Hook,
+        "A callable (or its dotted path) naming who a request comes from, for the rate limit "
+        "and the cache's scope, e.g. the logged-in user; unset: the client address.",
+        check=_hook)
     storage_uri: str = _setting(
         'memory://', str,
         'Where the result cache (and, by default, the state) lives: `memory://` (this '
@@ -299,8 +304,9 @@ class Settings:
         low=0, high=32)
     cache_scope: str = _setting(
         'client', str,
-        'Who shares cached results: `client` (requests from the same address) or `global` '
-        '(every client, which reveals that someone converted the same photo).',
+        'Who shares cached results: `client` (requests from the same client, as the rate '
+        'limit keys them) or `global` (every client, which reveals that someone converted '
+        'the same photo).',
         choices=CACHE_SCOPES)
     cache_ttl: int = _setting(
         3600, int,
@@ -522,6 +528,7 @@ class AnimeGANOptions(TypedDict, total=False):
     max_decode_bytes: int
     decode_isolation: str
     rate_limit: str
+    rate_limit_key: Any
     storage_uri: str
     state_storage_uri: str | None
     trusted_proxies: int

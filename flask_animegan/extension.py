@@ -183,7 +183,7 @@ class AnimeGAN:
         # Requests under the prefix that match no route (404, 405, 308) never reach the
         # blueprint's handlers; give them its headers and error bodies too.
         app.after_request(routing_error_response)
-        ratelimit.configure(own or service.limiter)
+        ratelimit.configure(own or service.limiter, keyed=settings.rate_limit_key is not None)
 
     @staticmethod
     def _models_dir(app: Flask, settings: Settings) -> Path:

@@ -188,8 +188,9 @@ def test_the_sites_own_pages_csrf_and_limits_are_unaffected(site):
     # its route limit is its own; our conversions have theirs, in the site's Limiter
     pings = [client.get("/api/ping").status_code for _ in range(4)]
     assert pings == [200, 200, 200, 429]
-    convert = [client.post("/studio/convert?size=32", data=photo_bytes("coffee"),
-                           content_type="image/jpeg") for _ in range(3)]
+    # three sizes: each a miss (a cache hit would take nothing)
+    convert = [client.post(f"/studio/convert?size={size}", data=photo_bytes("coffee"),
+                           content_type="image/jpeg") for size in (32, 48, 64)]
     assert [r.status_code for r in convert] == [200, 200, 429]
     assert int(convert[2].headers["Retry-After"]) > 0
 

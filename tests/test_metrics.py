@@ -36,7 +36,9 @@ def test_metrics_are_off_by_default(client):
 def test_metrics_count_requests_conversions_cache_and_rate_limits(make_app):
     client = make_app(ANIMEGAN_METRICS=True, ANIMEGAN_RATE_LIMIT="3 per minute").test_client()
     assert client.get("/animegan/").status_code == 200
-    assert [convert(client).status_code for _ in range(4)] == [200, 200, 200, 429]
+    # a miss, two hits (free), two misses more, and a sixth refused
+    assert [convert(client, name).status_code for name in
+            ("coffee", "coffee", "coffee", "astronaut", "rocket", "chelsea")] == [200] * 5 + [429]
     response = client.get("/animegan/metrics")
     assert response.status_code == 200 and response.mimetype == "text/plain"
     samples = scrape(response.get_data(as_text=True))
@@ -45,16 +47,16 @@ def test_metrics_count_requests_conversions_cache_and_rate_limits(make_app):
         return value(samples, "animegan_requests_total", endpoint=endpoint, status=status)
 
     assert requests_with("animegan.index", "200") == 1
-    assert requests_with("animegan.convert", "200") == 3
+    assert requests_with("animegan.convert", "200") == 5
     assert requests_with("animegan.convert", "429") == 1
     assert value(samples, "animegan_rate_limited_total") == 1
     # 96 px falls in the "128" size class; the style is the default
     assert value(samples, "animegan_conversion_seconds_count", style="other_style",
-                 size="128") == 3
+                 size="128") == 5
     assert value(samples, "animegan_conversion_seconds_sum", style="other_style",
                  size="128") > 0
-    assert value(samples, "animegan_stage_seconds_count", stage="infer") == 1
-    assert value(samples, "animegan_cache_lookups_total", result="miss") == 1
+    assert value(samples, "animegan_stage_seconds_count", stage="infer") == 3
+    assert value(samples, "animegan_cache_lookups_total", result="miss") == 3
     assert value(samples, "animegan_cache_lookups_total", result="hit") == 2
     assert value(samples, "animegan_cache_bytes") > 1000
     assert value(samples, "animegan_model_load_seconds", style="other_style") > 0

@@ -69,6 +69,7 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_API_DECORATORS": ["login_required", [None], ["flask_login..login_required"]],
     "ANIMEGAN_ADMIN_CHECK": ["is_admin", "site.", "a b.c", ".site"],
     "ANIMEGAN_RENDER_TEMPLATE": ["render_template", "flask.", "flask..render_template"],
+    "ANIMEGAN_RATE_LIMIT_KEY": ["client_key", "site.", "a b.c", ".site"],
     "ANIMEGAN_EXTRA_STYLES": [{"mine": "https://x/mine.pt"}, {"mine": ["url", "sha1"]},
                               {"Bad Name": {"url": "https://x", "sha1": "0" * 40}},
                               {"mine": {"url": "https://x/mine.pt"}},
@@ -92,6 +93,7 @@ ACCEPTED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_API_DECORATORS": [["flask_login.login_required"]],
     "ANIMEGAN_ADMIN_CHECK": ["site.auth.is_admin", "site.auth:is_admin"],
     "ANIMEGAN_RENDER_TEMPLATE": ["flask:render_template", "site.themes:render"],
+    "ANIMEGAN_RATE_LIMIT_KEY": ["site.auth.animegan_client", "site.auth:animegan_client"],
 }
 #: Settings that need another one to make a valid example valid (rules between settings).
 COMPANIONS: dict[str, dict[str, Any]] = {
@@ -364,9 +366,9 @@ def test_config_changed_after_init_app_is_not_read(tmp_path):
 
 
 # -- the registry's size, old names, gunicorn's settings, the derived groups ----------------
-def test_the_registry_is_one_list_of_at_most_53_names():
+def test_the_registry_is_one_list_of_at_most_54_names():
     names = [s.name for s in REGISTRY]
-    assert len(names) == len(set(names)) <= 53
+    assert len(names) == len(set(names)) <= 54
     assert not set(ALIASES) & set(names)  # an old name is no setting
     assert all(alias.new in names for alias in ALIASES.values() if alias.new)
     # AnimeGAN(**options) is typed by a TypedDict kept equal to the app's fields

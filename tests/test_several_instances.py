@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from conftest import encode_image, free_port, photo_bytes
+from conftest import PHOTOS, encode_image, free_port, photo_bytes
 from PIL import Image
 from requests.adapters import HTTPAdapter
 from servers import NginxServer, RedisServer, Server, Trickle, child_pids
@@ -107,6 +107,12 @@ class Client:
                 timeout: float = 60) -> requests.Response:
         return self.request("POST", target, "/animegan/convert", data=data, timeout=timeout,
                             headers={"Content-Type": "image/jpeg"})
+
+
+def distinct_photos(count: int) -> list[bytes]:
+    """``count`` different photos, none of them PHOTO, so that each conversion is a miss
+    and counts (a photo sent again is a cache hit, which costs nothing)."""
+    return [photo_bytes(name) for name in PHOTOS if name != "coffee"][:count]
 
 
 def timed(call: Callable[[], requests.Response]) -> tuple[requests.Response, float]:
@@ -193,7 +199,7 @@ def test_a_limit_of_5_per_minute_holds_across_instances(deployment):
     each one reached (nginx alternates between idle instances)."""
     before = [conversions_logged(server) for server in deployment.instances]
     client = Client()
-    responses = [client.convert(deployment.nginx) for _ in range(12)]
+    responses = [client.convert(deployment.nginx, data) for data in distinct_photos(12)]
     statuses = [response.status_code for response in responses]
     assert statuses.count(200) == 5 and statuses.count(429) == 7, statuses
     # the app's refusals and nginx's own (past its per-address burst) look alike
@@ -288,7 +294,7 @@ def test_conversions_go_on_while_redis_is_down_and_the_cache_comes_back(shared):
             assert took < 2 * usual + 1.0, f"{took:.2f} s with Redis down, {usual:.2f} s before"
         # the limit still holds, counted by each instance alone
         client = Client()
-        statuses = [client.convert(shared.a).status_code for _ in range(7)]
+        statuses = [client.convert(shared.a, data).status_code for data in distinct_photos(7)]
         assert statuses.count(200) == 5 and statuses.count(429) == 2, statuses
         for server in shared.instances:
             health = wait_for_health(server, lambda h: h["status"] == "degraded", timeout=5)
@@ -535,7 +541,8 @@ def test_one_clients_churn_leaves_anothers_page_and_count_intact(models_dir, tmp
             posted = upload_with_form(victim, page_from=server, post_to=server)
             assert posted.status_code == 303, posted.text[:500]
             page = posted.headers["Location"]
-            statuses = [victim.convert(server).status_code for _ in range(5)]
+            statuses = [victim.convert(server, data).status_code
+                        for data in distinct_photos(5)]
             assert statuses == [200] * 4 + [429], statuses
 
             seeds = itertools.count()

@@ -1,6 +1,7 @@
 """Rate limits through Flask-Limiter's public API: the conversion routes share one limit per
-client, on whichever Limiter counts (the host's, else ours); the rest is exempt. Redis
-counts go through :class:`FallbackCounts`, so no storage error reaches a request."""
+client, on whichever Limiter counts (the host's, else ours); the rest is exempt. A request
+is charged after it answers, by the pixels the model converted. Redis counts go through
+:class:`FallbackCounts`, so no storage error reaches a request."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from ..service import get_service
 from ..storage.base import StoreHealth
 from . import csrf
 from .blueprint import blueprint
-from .clients import CONVERSIONS_SCOPE, client_address
+from .clients import CONVERSIONS_SCOPE, has_site_key, site_key
 
 log = logging.getLogger("flask_animegan")
 #: Short Redis timeouts and no redis-py retries: an outage must not add seconds per request.
@@ -188,7 +189,7 @@ def own_limiter(app: Flask, settings: Settings, storage: StorageURIs) -> Limiter
             options = {**REDIS_OPTIONS, "retry": Retry(NoBackoff(), 0)}
     # our views add the X-RateLimit-* headers; flask-limiter's would put Retry-After on 200s
     try:
-        limiter = Limiter(client_address, app=app, headers_enabled=False, storage_uri=uri,
+        limiter = Limiter(site_key, app=app, headers_enabled=False, storage_uri=uri,
                           storage_options=options, in_memory_fallback_enabled=True)
     except Exception as exc:  # noqa: BLE001 - flask-limiter's ConfigurationError, a missing driver
         raise ValueError(f"{storage.state_key}: flask-limiter cannot count in "
@@ -213,23 +214,39 @@ def warn_if_evicting(counts: FallbackCounts) -> None:
             counts.health.address, policy)
 
 
-_SPENT = "animegan_spent"
+_CHARGE = "animegan_charge"
 
 
-def spending() -> None:
-    """Mark this request as one that costs CPU: from now on it counts."""
-    setattr(g, _SPENT, True)
+def charge(amount: int) -> None:
+    """Set what this request takes from the limit once it answers (0: nothing)."""
+    setattr(g, _CHARGE, amount)
+
+
+def charge_pixels(size: tuple[int, int]) -> None:
+    """Charge a conversion the model made at ``size``: one per ANIMEGAN_MAX_SIDE squared
+    pixels begun, capped by the smallest limit so that no photo is refused forever."""
+    service = get_service()
+    side = service.sizes.default
+    charge(min(_cap(), max(1, math.ceil(size[0] * size[1] / side ** 2))))
+
+
+def _cap() -> int:
+    rate_limit = get_service().settings.rate_limit
+    return min(item.amount for item in parse_many(rate_limit)) if rate_limit else 1
 
 
 def deducts(response: Response) -> bool:
-    """Whether this request counts: it succeeded, or failed (not 503) after spending CPU."""
-    status = response.status_code
-    return status < 400 or (bool(g.get(_SPENT)) and status != 503)
+    """Whether this request counts: it answered below 400 and was charged something (a
+    cache hit, a refusal and a failure convert nothing)."""
+    return response.status_code < 400 and conversion_cost() > 0
 
 
 def conversion_cost() -> int:
-    """What this request takes from the limit: ceil((size / max_side)^2) above max_side,
-    capped by the smallest limit so a large photo is never refused forever; else 1."""
+    """What this request takes from the limit: its charge once it has one; before, the
+    most its ``size`` can cost, so that a photo that cannot fit is refused before it runs."""
+    charged = g.get(_CHARGE)
+    if charged is not None:
+        return int(charged)
     service = get_service()
     if request.endpoint == f"{blueprint.name}.create_job" or not service.settings.rate_limit:
         return 1
@@ -246,8 +263,7 @@ def conversion_cost() -> int:
         return 1
     if size <= side:
         return 1
-    cap = min(item.amount for item in parse_many(service.settings.rate_limit))
-    return max(1, min(cap, math.ceil((size / side) ** 2)))
+    return max(1, min(_cap(), math.ceil((size / side) ** 2)))
 
 
 def _conversion_limit() -> str:
@@ -271,15 +287,18 @@ def _form_post_to_refuse() -> bool:
         return False
 
 
-def configure(limiter: Limiter) -> None:
-    """Register our limit and exemptions on ``limiter`` (once per Limiter object)."""
+def configure(limiter: Limiter, keyed: bool) -> None:
+    """Register our limit and exemptions on ``limiter`` (once per Limiter object);
+    ``keyed``: the app sets ANIMEGAN_RATE_LIMIT_KEY, which then keys the limit (else the
+    Limiter's own key function does)."""
     with _configuring:
         if limiter in _configured:
             return
         # exempt from the host's default and application-wide limits, not from our own
         limiter.exempt(blueprint, flags=ExemptionScope.DEFAULT | ExemptionScope.APPLICATION)
-        # tested before the view, deducted after it; large photos cost more
+        # tested before the view at the most it may cost; charged after, by what it converted
         limiter.shared_limit(_conversion_limit, scope=CONVERSIONS_SCOPE, methods=["POST"],
+                             key_func=site_key if keyed else None,
                              exempt_when=lambda: _not_counting(limiter),
                              deduct_when=deducts, cost=conversion_cost)(blueprint)
         limiter.request_filter(_form_post_to_refuse)
@@ -291,5 +310,5 @@ def configure(limiter: Limiter) -> None:
 def _settle_limiter(endpoint: str | None, values: dict[str, Any] | None) -> None:
     limiter = get_service().limiter
     if limiter not in _configured:
-        configure(limiter)
+        configure(limiter, keyed=has_site_key())
         log.info("flask_animegan: the app's own Limiter counts the conversions")

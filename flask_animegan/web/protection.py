@@ -12,6 +12,7 @@ from flask import Flask, abort, current_app, jsonify, make_response
 from werkzeug.utils import ImportStringError, import_string
 
 from ..config import Settings
+from . import clients
 from .clients import client_address, is_loopback
 
 EXTENSION_KEY = "animegan.protection"
@@ -54,12 +55,15 @@ def imported(key: str, value: Any, example: str = "flask_login.login_required") 
 
 
 def install(app: Flask, settings: Settings) -> None:
-    """Import the site's checks (init_app): one that cannot be imported stops the start."""
+    """Import the site's checks and its client key (init_app): one that cannot be
+    imported stops the start."""
     app.extensions[EXTENSION_KEY] = Protection(
         pages=tuple(imported("ANIMEGAN_PAGE_DECORATORS", d) for d in settings.page_decorators),
         api=tuple(imported("ANIMEGAN_API_DECORATORS", d) for d in settings.api_decorators),
         admin_check=(None if settings.admin_check is None
                      else imported("ANIMEGAN_ADMIN_CHECK", settings.admin_check)))
+    clients.install(app, None if settings.rate_limit_key is None else imported(
+        "ANIMEGAN_RATE_LIMIT_KEY", settings.rate_limit_key, example="site.auth.animegan_client"))
 
 
 def _protection() -> Protection:

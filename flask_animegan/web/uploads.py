@@ -21,7 +21,7 @@ from ..jobs.queues import FULL_RETRY_AFTER
 from ..jobs.records import JobRecord
 from ..service import get_service
 from .clients import CONVERSIONS_SCOPE, client_key
-from .limits import spending
+from .limits import charge, charge_pixels
 
 log = logging.getLogger("flask_animegan")
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
@@ -59,7 +59,6 @@ def receive() -> Upload:
     """Read the upload, check its parameters before anything costs CPU, and route it."""
     data, params = read_upload()
     parsed = get_service().parse(params)
-    spending()  # from here on the request costs CPU
     return Upload(data, params, parsed, get_service().route(data))
 
 
@@ -88,6 +87,10 @@ def convert_photo(upload: Upload) -> Conversion:
     service = get_service()
     conversion = service.convert_upload(upload.data, upload.request,
                                         client=client_key(service.limiter))
+    if conversion.cache_hit:
+        charge(0)  # no inference
+    else:
+        charge_pixels(conversion.size)
     log_conversion(200, conversion)
     if service.metrics is not None:
         service.metrics.conversion_done(conversion, service.cache.enabled,
@@ -118,8 +121,9 @@ def job_for_convert(info: MediaInfo) -> SendElsewhere:
 
 
 def _charge_frames(info: MediaInfo) -> None:
-    """Count a job's frames as ``ceil(frames / N)`` conversions against the rate limit;
-    TooManyJobs, costing one (flask-limiter's, after the view), if they do not fit."""
+    """Count a job's frames as ``ceil(frames / N)`` conversions against the rate limit
+    (one of them flask-limiter's, after the view); TooManyJobs, costing none, if they do
+    not fit."""
     service = get_service()
     cost = math.ceil(info.frames / FRAMES_PER_CONVERSION)
     if cost <= 1:
@@ -156,7 +160,6 @@ def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = N
     if jobs is None:
         raise UnsupportedImage("animations and videos are off in this app; send a photo")
     parsed = service.parse(params, media=True)
-    spending()  # the probe and the frames cost CPU
     if info is None:
         info = jobs.probe(data)
     if info.kind == "still":
@@ -178,6 +181,7 @@ def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = N
         raise Overloaded(f"the job queue is full ({waiting} jobs are waiting for a "
                          f"worker); try again in {FULL_RETRY_AFTER} s", FULL_RETRY_AFTER)
     _charge_frames(info)
+    charge(1)  # the rest of the frames' conversions, taken by _charge_frames
     record = jobs.submit(data, info, style=parsed.style.name, size=parsed.size,
                          client=client, colors=parsed.options.colors)
     log.info("animegan.job %s", json.dumps(

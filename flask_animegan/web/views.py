@@ -44,7 +44,7 @@ from ..service import WARMING_RETRY_AFTER, get_service
 from ..storage.pages import StoredResult
 from . import csrf, protection, uploads
 from .blueprint import blueprint
-from .clients import client_key, is_loopback
+from .clients import client_address, is_loopback
 from .limits import conversion_cost, deducts
 
 #: The job API's endpoints, all JSON (its page, ``job_page``, is HTML).
@@ -496,7 +496,7 @@ def healthz() -> Response:
     """The status for load balancers; details (ANIMEGAN_HEALTH_DETAILS) for operators."""
     service = get_service()
     who = service.settings.health_details
-    show = who == "all" or (who == "local" and is_loopback(client_key(None)))
+    show = who == "all" or (who == "local" and is_loopback(client_address()))
     health = service.health(details=show)
     unavailable = health["status"] in ("no_model", "warming")
     response = make_response(jsonify(health), 503 if unavailable else 200)
