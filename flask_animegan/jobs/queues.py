@@ -11,10 +11,13 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import SettingError, Settings, is_redis
 from ..errors import Overloaded
+
+if TYPE_CHECKING:
+    from rq import SimpleWorker
 
 log = logging.getLogger("flask_animegan")
 
@@ -194,7 +197,7 @@ class RQQueue(JobQueue):
         self.job_timeout = job_timeout
         self.ttl = ttl
         self.worker_timeout, self.beat = worker_timeout, beat
-        self._worker: Any = None  # the SimpleWorker of this process, while it works
+        self._worker: SimpleWorker | None = None  # this process's, while it works
         # the storage's client: short waits, so an outage answers 503 at once
         self.connection = redis_storage.client(uri)
         self.queue = Queue(name, connection=self.connection)
@@ -274,22 +277,23 @@ class RQQueue(JobQueue):
         try:
             return {"kind": self.kind, "ok": True, "queued": self.queued_count(),
                     "max_queue": self.max_queue, "workers": self.live_workers(),
-                    "running": self.queue.started_job_registry.count,
+                    # no cleanup here: it would fail abandoned runs without our handler
+                    "running": self.queue.started_job_registry.get_job_count(cleanup=False),
                     "oldest_queued_s": _rounded(self.oldest_wait())}
         except (redis.RedisError, OSError) as exc:
             return {"kind": self.kind, "ok": False, "error": type(exc).__name__,
                     "max_queue": self.max_queue}
 
-    def work(self, *, burst: bool = False, name: str | None = None) -> None:
-        """Run jobs here until stopped; ``SimpleWorker`` does not fork, so the model stays warm.
-        The sweep's thread beats for the worker and its run (RQ's ``SimpleWorker`` does not
-        while a job runs), so a run whose worker died expires in RQ's registry."""
+    def make_worker(self, name: str | None = None) -> SimpleWorker:
+        """An RQ worker on this queue whose runs expire in RQ's registry when not beaten
+        for the worker timeout less a beat; ``SimpleWorker`` does not fork, so the model
+        stays warm. Its failed runs pass through :meth:`_on_failure`."""
         import redis
         from rq import SimpleWorker
         from rq.job import Job
 
-        # a run expires if not beaten for this long; the sweep, every beat, finds it
-        # expired, so it is queued again within the worker timeout of its last beat
+        # the sweep, every beat at most, finds a run expired: so it is queued again
+        # within the worker timeout of its last beat
         execution_ttl = self.worker_timeout - self.beat
 
         class BeatingWorker(SimpleWorker):
@@ -302,7 +306,12 @@ class RQQueue(JobQueue):
         worker = BeatingWorker([self.name], connection=connection, name=name)
         # RQ's own cleanup of its registries hands abandoned runs to us too
         worker.push_exc_handler(self._on_failure)  # type: ignore[no-untyped-call]
-        self._worker = worker
+        return worker
+
+    def work(self, *, burst: bool = False, name: str | None = None) -> None:
+        """Run jobs here until stopped. The sweep's thread beats for the worker and its
+        run (RQ's ``SimpleWorker`` does not while a job runs)."""
+        worker = self._worker = self.make_worker(name)
         self.start_sweeping()
         try:
             worker.work(burst=burst, logging_level="INFO")
