@@ -316,3 +316,40 @@ def test_a_job_taken_by_a_worker_that_dies_before_starting_it_is_run_again(
     finally:
         ghost.register_death()
         workers.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.server
+def test_a_run_failed_by_another_cleaner_of_rqs_registry_is_run_again_by_a_reader(
+        make_app, redis_server, models_dir, tmp_path):
+    """Another tool cleans RQ's registry first (``rq info`` counting it does), failing the
+    abandoned run without our handler: the job's next reader after the timeout queues it."""
+    app = redis_app(make_app, redis_server, TIMEOUT)
+    service = app.extensions["animegan"]
+    client = app.test_client()
+    rq = service.jobs.queue
+    workers = Workers(worker_env(models_dir, redis_server.uri, TIMEOUT), tmp_path)
+    ghost = rq.make_worker("ghost")
+    try:
+        job_url = post_job(client, gif_from_photos(6, size=(128, 96)),
+                           size="128").get_json()["url"]
+        job_id = job_url.rsplit("/", 1)[1]
+        ghost.register_birth()
+        job, _ = ghost.dequeue_job_and_maintain_ttl(timeout=5)
+        assert job.id == RQQueue.rq_id(job_id, 0)
+        ghost.prepare_execution(job)
+        ghost.prepare_job_execution(job)
+        time.sleep(TIMEOUT)  # the run expires in RQ's registry
+        rq.queue.started_job_registry.cleanup()  # as a tool would: no handler of ours
+        assert not rq.run_pending(job_id, 0)
+        assert service.jobs.store.get(job_id).state == JobState.QUEUED
+        workers.start("survivor")
+        deadline = time.monotonic() + 120
+        while (answer := client.get(job_url).get_json())["state"] != "done":
+            assert answer["state"] in ("queued", "running"), answer
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.1)
+        assert service.jobs.store.get(job_id).attempts == 2
+    finally:
+        ghost.register_death()
+        workers.stop()

@@ -88,6 +88,11 @@ class JobQueue(ABC):
     def queued_count(self) -> int:
         """Jobs waiting for a worker."""
 
+    def run_pending(self, job_id: str, attempt: int) -> bool:
+        """Whether run ``attempt`` of the job still waits or runs in the queue (True when
+        the queue cannot tell): a run the queue dropped or failed is lost."""
+        return True
+
     @abstractmethod
     def live_workers(self) -> int:
         """Workers that beat within the worker timeout; raises if the queue is unreachable."""
@@ -249,6 +254,21 @@ class RQQueue(JobQueue):
 
     def queued_count(self) -> int:
         return int(self.queue.count)
+
+    def run_pending(self, job_id: str, attempt: int) -> bool:
+        import redis
+        from rq.exceptions import NoSuchJobError
+        from rq.job import Job, JobStatus
+
+        try:
+            job = Job.fetch(self.rq_id(job_id, attempt), connection=self.connection)
+            status = job.get_status()
+        except NoSuchJobError:
+            return False  # expired, or ended without running it (its result is not kept)
+        except (redis.RedisError, OSError):
+            return True
+        return status in (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED,
+                          JobStatus.DEFERRED)
 
     def live_workers(self) -> int:
         from rq import Worker

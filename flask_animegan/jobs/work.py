@@ -114,7 +114,13 @@ class Jobs:
                 and time.time() - record.updated_at > JOB_STALL_SECONDS)
 
     def settle(self, record: JobRecord) -> JobRecord:
-        """Queue again (once) or fail a run whose worker stopped reporting, once among readers."""
+        """Queue again (once) or fail a run whose worker stopped reporting, once among readers;
+        so too a queued run the queue lost (failed by a cleaner that was not ours)."""
+        if (record.state == JobState.QUEUED
+                and time.time() - record.updated_at > self.settings.job_worker_timeout
+                and not self.queue.run_pending(record.id, record.attempts)):
+            self.abandoned(record.id, record.attempts)
+            return self.store.get(record.id) or record
         if not self._stalled(record):
             return record
         if not self.store.claim(record.id, f"settle-{record.attempts}", JOB_STALL_SECONDS):
