@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import build_app
 from media import gif_from_photos
 from test_jobs_api import post_job
 from test_metrics import scrape, value
