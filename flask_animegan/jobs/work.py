@@ -177,9 +177,9 @@ class Jobs:
         if self._warned_at is not None and now - self._warned_at < self.settings.job_worker_timeout:
             return
         self._warned_at = now
-        log.warning("flask_animegan: a job has waited %.0f s and no job worker has beaten for "
-                    "%d s (ANIMEGAN_JOB_WORKER_TIMEOUT): start `flask animegan worker` on the "
-                    "jobs' Redis", waited, self.settings.job_worker_timeout)
+        log.warning("flask_animegan: a job has waited %.0f s and no job worker sent a "
+                    "heartbeat in %d s (ANIMEGAN_JOB_WORKER_TIMEOUT): start `flask animegan "
+                    "worker` on the jobs' Redis", waited, self.settings.job_worker_timeout)
 
     def _run_again(self, record: JobRecord, why: str) -> bool:
         """Queue the job's next run; False if it has none left, was cancelled, or is refused."""
