@@ -352,3 +352,65 @@ def test_a_run_failed_by_another_cleaner_of_rqs_registry_is_run_again_by_a_reade
     finally:
         ghost.register_death()
         workers.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.server
+@pytest.mark.browser
+def test_in_chromium_the_form_says_no_worker_then_a_started_worker_does_the_job(
+        redis_server, models_dir, tmp_path):
+    """The page's script (animegan.js) against gunicorn on Redis with no worker: its job
+    panel says no worker runs, then shows the result once one is started."""
+    from conftest import need
+    from servers import Server
+    from test_browser import CHROMEDRIVER, CHROMIUM, start_server
+
+    need(CHROMIUM is not None and CHROMEDRIVER is not None, "needs chromium and chromedriver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    server: Server = start_server(tmp_path, models_dir, ANIMEGAN_STORAGE_URI=redis_server.uri,
+                                  ANIMEGAN_JOB_WORKER_TIMEOUT=str(TIMEOUT),
+                                  ANIMEGAN_MAX_SIDE="128", FLASK_SECRET_KEY=SECRET)
+    env = worker_env(tmp_path / "models", redis_server.uri, TIMEOUT)  # the server's styles
+    workers = Workers({**env, "ANIMEGAN_DEFAULT_STYLE": "toon_demo"}, tmp_path)
+    gif = tmp_path / "chelsea.gif"
+    gif.write_bytes(gif_from_photos(8, size=(128, 96)))
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1000,900"):
+        options.add_argument(flag)
+    os.environ.setdefault("SE_OFFLINE", "true")
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        driver.get(f"{server.url}/animegan/")
+        driver.find_element("id", "animegan-image").send_keys(str(gif))
+        driver.find_element("id", "animegan-submit").click()
+        sent = time.monotonic()
+
+        def status() -> str:
+            return driver.find_element("id", "animegan-job-status").text
+
+        while "No worker is running" not in status():
+            assert time.monotonic() - sent < TIMEOUT + 15, status()
+            time.sleep(0.2)
+        noticed = time.monotonic() - sent
+        assert status() == "No worker is running: the site's administrator has been told."
+        driver.execute_script("arguments[0].scrollIntoView()",
+                              driver.find_element("id", "animegan-job-panel"))
+        driver.save_screenshot(str(tmp_path / "no-worker-form.png"))
+        print(f"the form's job panel said 'no worker' {noticed:.1f} s after the upload; "
+              f"screenshot: {tmp_path / 'no-worker-form.png'}")
+        workers.start("late")
+        deadline = time.monotonic() + 180
+        while (state := driver.execute_script(
+                "return document.getElementById('animegan-job-panel').dataset.state")) in (
+                    "queued", "running"):
+            assert time.monotonic() < deadline, status()
+            time.sleep(0.2)
+        assert state == "done" and "Done: 8 of 8 frames" in status(), status()
+    finally:
+        driver.quit()
+        workers.stop()
+        server.stop()
