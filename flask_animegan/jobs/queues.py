@@ -343,10 +343,16 @@ class RQQueue(JobQueue):
         worker = self._worker
         if worker is None or worker.birth_date is None:
             return  # not registered yet: a beat now would make RQ refuse the name
-        executions = list(worker.executions.values())
-        if executions:
-            worker.maintain_heartbeats(executions[0].job, executions[0])
-        else:
+        executions = getattr(worker, "executions", None)
+        if executions is None:  # RQ 2: one run, beaten by maintain_heartbeats(job)
+            execution = worker.execution
+            if execution is not None:
+                worker.maintain_heartbeats(execution.job)  # type: ignore[call-arg]
+        else:  # RQ 3: a copy of the main thread's dict, which may change meanwhile
+            execution = next(iter(list(executions.values())), None)
+            if execution is not None:
+                worker.maintain_heartbeats(execution.job, execution)
+        if execution is None:
             worker.heartbeat()
         self.queue.started_job_registry.cleanup(exception_handlers=[self._on_failure])
 
