@@ -52,6 +52,9 @@ FRAMES_PER_CONVERSION = 25
 JOB_REPORT_SECONDS = 0.5
 #: A running job whose worker has not reported for this long is taken for dead.
 JOB_STALL_SECONDS = 40 * JOB_REPORT_SECONDS
+#: Most seconds between two heartbeats of a job worker (a third of
+#: ANIMEGAN_JOB_WORKER_TIMEOUT when that is shorter, one at least).
+JOB_WORKER_BEAT_SECONDS = 10
 #: A job may run this many seconds per frame it may have (ANIMEGAN_MAX_FRAMES).
 JOB_SECONDS_PER_FRAME = 3
 #: gunicorn's worker timeout and graceful timeout (its --timeout, --graceful-timeout win).
@@ -366,6 +369,11 @@ class Settings:
         16, int,
         'Jobs allowed to wait for a worker; more get 503 with Retry-After.',
         low=1, high=100000)
+    job_worker_timeout: int = _setting(
+        60, int,
+        'Seconds without a heartbeat after which a job worker counts as gone: waiting jobs '
+        'then say so, `/healthz` says `degraded`, and a job it took is queued again.',
+        low=3, high=HOUR)
     jobs_per_client: int = _setting(
         2, int,
         'Unfinished jobs (queued or running) one client may have; more get 429.',
@@ -490,6 +498,12 @@ class Settings:
         return "rq" if is_redis(self.state_storage) else "local"
 
     @property
+    def job_worker_beat(self) -> int:
+        """Seconds between two heartbeats of a job worker: a third of its timeout, so one
+        missed beat is no death (JOB_WORKER_BEAT_SECONDS at most, a second at least)."""
+        return max(1, min(JOB_WORKER_BEAT_SECONDS, self.job_worker_timeout // 3))
+
+    @property
     def job_timeout(self) -> int:
         """Seconds one job may run: JOB_SECONDS_PER_FRAME for each frame it may have."""
         return JOB_SECONDS_PER_FRAME * self.max_frames
@@ -546,6 +560,7 @@ class AnimeGANOptions(TypedDict, total=False):
     queue_timeout: float
     job_queue: str
     job_max_queue: int
+    job_worker_timeout: int
     jobs_per_client: int
     max_frames: int
     max_seconds: float

@@ -174,6 +174,8 @@ class AnimeGAN:
             tile_above=max(settings.max_side, tiles.STATS_SIDE), portrait=derived.portrait)
         jobs = Jobs(settings, self._job_store(settings, derived.storage, secret), job_queue,
                     converter, convert_url=f"{settings.url_prefix.rstrip('/')}/convert")
+        if metrics is not None:
+            metrics.watch_jobs(jobs.status)
         service = AnimeGANService(settings, engine, converter, cache, results,
                                   partial(ratelimit.counting_limiter, app.extensions, own),
                                   own, metrics, jobs, render_template=render_template)

@@ -4,6 +4,7 @@ sums gunicorn's workers; without it each app has its own registry, so apps never
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 # size classes for the latency label: a label per size would let clients add series
@@ -60,6 +61,19 @@ class Metrics:
             "animegan_model_load_seconds", "Seconds the last load of a style's weights took.",
             ["style"], registry=registry, multiprocess_mode="max")
 
+        self.job_workers = Gauge(
+            "animegan_job_workers", "Job workers that beat within ANIMEGAN_JOB_WORKER_TIMEOUT.",
+            registry=registry, multiprocess_mode="mostrecent")
+        self.job_oldest_queued_seconds = Gauge(
+            "animegan_job_oldest_queued_seconds",
+            "Seconds the oldest queued job has waited for a worker (0: none waits).",
+            registry=registry, multiprocess_mode="mostrecent")
+        self._jobs_status: Callable[[], dict[str, Any]] | None = None
+
+    def watch_jobs(self, status: Callable[[], dict[str, Any]]) -> None:
+        """Read the job queue's status (``workers``, ``oldest_queued_s``) at each scrape."""
+        self._jobs_status = status
+
     def queue_changed(self, in_flight: int, queued: int) -> None:
         self.in_flight.set(in_flight)
         self.queue_depth.set(queued)
@@ -86,6 +100,11 @@ class Metrics:
         """The text format of every value (summed over worker processes if multiprocess)."""
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+        if self._jobs_status is not None:
+            jobs = self._jobs_status()
+            if jobs.get("ok"):
+                self.job_workers.set(jobs["workers"])
+                self.job_oldest_queued_seconds.set(jobs.get("oldest_queued_s") or 0)
         registry = self.registry
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir"):
             from prometheus_client import multiprocess

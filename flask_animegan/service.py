@@ -278,14 +278,18 @@ class AnimeGANService:
         else:
             status = "ok"
         jobs = self.jobs.status() if self.jobs is not None else None
-        if status == "ok" and jobs is not None and not jobs["ok"]:
-            status = "degraded"
+        if status == "ok" and jobs is not None and (not jobs["ok"] or jobs["no_worker"]):
+            status = "degraded"  # still 200: the instance converts photos
         if not details:
             return {"status": status}
         problems = [f"style {name} is broken" for name in engine["broken"]]
         problems += self._store_problems(storage)
         if jobs is not None and not jobs["ok"]:
             problems.append(f"jobs: the job queue's Redis is unreachable ({jobs.get('error')})")
+        if jobs is not None and jobs["no_worker"]:
+            problems.append(f"jobs: {jobs['queued']} waiting, the oldest for "
+                            f"{jobs['oldest_queued_s']:.0f} s, and no worker beat within "
+                            f"{jobs['worker_timeout_s']} s: start `flask animegan worker`")
         return {"status": status, "pid": os.getpid(), **engine, "storage": storage,
                 "problems": problems, "jobs": jobs,
                 "cache": self.cache.stats(), "decoder": self.decoder.status(),

@@ -1,5 +1,6 @@
 """Where jobs wait for a worker: RQ on Redis, or one thread in this process (its waiting
-jobs are lost with it). Every worker also runs the sweep of stalled runs."""
+jobs are lost with it). Every worker also runs the sweep of stalled runs; an RQ worker's
+sweep also sends its heartbeat and hands the runs of workers that stopped beating back."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import SettingError, Settings, is_redis
 from ..errors import Overloaded
+
+if TYPE_CHECKING:
+    from rq import SimpleWorker
 
 log = logging.getLogger("flask_animegan")
 
@@ -36,6 +40,7 @@ class JobQueue(ABC):
     _sweep: Callable[[], object] | None = None
     _sweep_every = 5.0
     _sweeper: threading.Thread | None = None
+    _abandoned: Callable[[str, int], object] | None = None
 
     @property
     def stopping(self) -> bool:
@@ -45,6 +50,10 @@ class JobQueue(ABC):
     def sweep_with(self, sweep: Callable[[], object], every: float) -> None:
         """Set what the workers run every ``every`` seconds beside their jobs."""
         self._sweep, self._sweep_every = sweep, every
+
+    def when_abandoned(self, handler: Callable[[str, int], object]) -> None:
+        """Call ``handler(job_id, attempt)`` for a run whose worker stopped beating."""
+        self._abandoned = handler
 
     def start_sweeping(self) -> None:
         """Start the sweep's daemon thread in this process, once."""
@@ -59,9 +68,13 @@ class JobQueue(ABC):
         while True:
             time.sleep(self._sweep_every)
             try:
+                self._tick()
                 self._sweep()
             except Exception:  # the next sweep tries again: never stop sweeping
                 log.exception("flask_animegan: the sweep of stalled jobs failed")
+
+    def _tick(self) -> None:
+        """What a worker does on each sweep before settling stalled runs (RQ: beat)."""
 
     @abstractmethod
     def enqueue(self, job_id: str, attempt: int = 0) -> None:
@@ -75,9 +88,23 @@ class JobQueue(ABC):
     def queued_count(self) -> int:
         """Jobs waiting for a worker."""
 
+    def run_pending(self, job_id: str, attempt: int) -> bool:
+        """Whether run ``attempt`` of the job still waits or runs in the queue (True when
+        the queue cannot tell): a run the queue dropped or failed is lost."""
+        return True
+
+    @abstractmethod
+    def live_workers(self) -> int:
+        """Workers that beat within the worker timeout; raises if the queue is unreachable."""
+
+    @abstractmethod
+    def oldest_wait(self) -> float | None:
+        """Seconds the oldest waiting job has waited (None: none waits)."""
+
     @abstractmethod
     def status(self) -> dict[str, Any]:
-        """The queue for /healthz: ``kind``, ``ok``, ``queued``, ``max_queue``, ..."""
+        """The queue for /healthz: ``kind``, ``ok``, ``queued``, ``max_queue``, ``workers``
+        (live ones), ``oldest_queued_s``, ..."""
 
 
 class LocalQueue(JobQueue):
@@ -90,7 +117,7 @@ class LocalQueue(JobQueue):
     def __init__(self, runner: Callable[[str], None], *, max_queue: int) -> None:
         self.max_queue = max_queue
         self._runner = runner
-        self._waiting: queue.Queue[str] = queue.Queue(maxsize=max_queue)
+        self._waiting: queue.Queue[tuple[str, float]] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -99,7 +126,7 @@ class LocalQueue(JobQueue):
     def enqueue(self, job_id: str, attempt: int = 0) -> None:
         self._start()
         try:
-            self._waiting.put_nowait(job_id)
+            self._waiting.put_nowait((job_id, time.monotonic()))
         except queue.Full:
             raise _full(self.max_queue) from None
 
@@ -109,10 +136,18 @@ class LocalQueue(JobQueue):
     def queued_count(self) -> int:
         return self._waiting.qsize()
 
+    def live_workers(self) -> int:
+        return 1  # the thread starts with the first job
+
+    def oldest_wait(self) -> float | None:
+        with self._waiting.mutex:
+            oldest = self._waiting.queue[0][1] if self._waiting.queue else None
+        return None if oldest is None else time.monotonic() - oldest
+
     def status(self) -> dict[str, Any]:
         return {"kind": self.kind, "ok": True, "queued": self.queued_count(),
                 "max_queue": self.max_queue, "running": 1 if self.running else 0,
-                "workers": 1}
+                "workers": 1, "oldest_queued_s": _rounded(self.oldest_wait())}
 
     @property
     def stopping(self) -> bool:
@@ -137,7 +172,7 @@ class LocalQueue(JobQueue):
 
     def _work(self) -> None:
         while not self._stop.is_set():
-            job_id = self._waiting.get()
+            job_id, _ = self._waiting.get()
             if self._stop.is_set():
                 return
             self.running = job_id
@@ -156,7 +191,7 @@ class RQQueue(JobQueue):
     kind = "rq"
 
     def __init__(self, uri: str, *, max_queue: int, job_timeout: int, ttl: int,
-                 name: str = QUEUE_NAME) -> None:
+                 worker_timeout: int = 60, beat: int = 10, name: str = QUEUE_NAME) -> None:
         from rq import Queue
 
         from ..storage import redis as redis_storage
@@ -166,6 +201,8 @@ class RQQueue(JobQueue):
         self.max_queue = max_queue
         self.job_timeout = job_timeout
         self.ttl = ttl
+        self.worker_timeout, self.beat = worker_timeout, beat
+        self._worker: SimpleWorker | None = None  # this process's, while it works
         # the storage's client: short waits, so an outage answers 503 at once
         self.connection = redis_storage.client(uri)
         self.queue = Queue(name, connection=self.connection)
@@ -173,6 +210,12 @@ class RQQueue(JobQueue):
     @staticmethod
     def rq_id(job_id: str, attempt: int) -> str:
         return f"{job_id}-{attempt}"
+
+    @staticmethod
+    def run_of(rq_id: str) -> tuple[str, int] | None:
+        """The job id and attempt of an RQ job's id (None: not one of ours)."""
+        job_id, _, attempt = rq_id.rpartition("-")
+        return (job_id, int(attempt)) if job_id and attempt.isdigit() else None
 
     def enqueue(self, job_id: str, attempt: int = 0) -> None:
         import redis
@@ -212,30 +255,118 @@ class RQQueue(JobQueue):
     def queued_count(self) -> int:
         return int(self.queue.count)
 
-    def status(self) -> dict[str, Any]:
+    def run_pending(self, job_id: str, attempt: int) -> bool:
         import redis
-        from rq import Worker
+        from rq.exceptions import NoSuchJobError
+        from rq.job import Job, JobStatus
 
         try:
-            workers = Worker.count(queue=self.queue)
+            job = Job.fetch(self.rq_id(job_id, attempt), connection=self.connection)
+            status = job.get_status()
+        except NoSuchJobError:
+            return False  # expired, or ended without running it (its result is not kept)
+        except (redis.RedisError, OSError):
+            return True
+        return status in (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED,
+                          JobStatus.DEFERRED)
+
+    def live_workers(self) -> int:
+        from rq import Worker
+
+        cutoff = time.time() - self.worker_timeout
+        return sum(1 for worker in Worker.all(queue=self.queue)
+                   if worker.last_heartbeat is not None
+                   and worker.last_heartbeat.timestamp() >= cutoff)
+
+    def oldest_wait(self) -> float | None:
+        from rq.exceptions import NoSuchJobError
+        from rq.job import Job
+
+        for rq_id in self.queue.get_job_ids(0, 4):  # the first may be a cancelled leftover
+            try:
+                enqueued = Job.fetch(rq_id, connection=self.connection).enqueued_at
+            except NoSuchJobError:
+                continue
+            if enqueued is not None:
+                return max(0.0, time.time() - enqueued.timestamp())
+        return None
+
+    def status(self) -> dict[str, Any]:
+        import redis
+
+        try:
             return {"kind": self.kind, "ok": True, "queued": self.queued_count(),
-                    "max_queue": self.max_queue, "workers": workers,
-                    "running": self.queue.started_job_registry.count}
+                    "max_queue": self.max_queue, "workers": self.live_workers(),
+                    # no cleanup here: it would fail abandoned runs without our handler
+                    "running": self.queue.started_job_registry.get_job_count(cleanup=False),
+                    "oldest_queued_s": _rounded(self.oldest_wait())}
         except (redis.RedisError, OSError) as exc:
             return {"kind": self.kind, "ok": False, "error": type(exc).__name__,
                     "max_queue": self.max_queue}
 
-    def work(self, *, burst: bool = False, name: str | None = None) -> None:
-        """Run jobs here until stopped; ``SimpleWorker`` does not fork, so the model stays warm."""
+    def make_worker(self, name: str | None = None) -> SimpleWorker:
+        """An RQ worker on this queue whose runs expire in RQ's registry when not beaten
+        for the worker timeout less a beat; ``SimpleWorker`` does not fork, so the model
+        stays warm. Its failed runs pass through :meth:`_on_failure`."""
         import redis
         from rq import SimpleWorker
+        from rq.job import Job
+
+        # the sweep, every beat at most, finds a run expired: so it is queued again
+        # within the worker timeout of its last beat
+        execution_ttl = self.worker_timeout - self.beat
+
+        class BeatingWorker(SimpleWorker):
+            def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+                return execution_ttl
 
         # a client of its own: RQ raises its socket timeout above its blocking wait for
         # jobs, which the shared client's short timeouts must not get
         connection = redis.Redis.from_url(self.uri)
+        worker = BeatingWorker([self.name], connection=connection, name=name)
+        # RQ's own cleanup of its registries hands abandoned runs to us too
+        worker.push_exc_handler(self._on_failure)  # type: ignore[no-untyped-call]
+        return worker
+
+    def work(self, *, burst: bool = False, name: str | None = None) -> None:
+        """Run jobs here until stopped. The sweep's thread beats for the worker and its
+        run (RQ's ``SimpleWorker`` does not while a job runs)."""
+        worker = self._worker = self.make_worker(name)
         self.start_sweeping()
-        worker = SimpleWorker([self.name], connection=connection, name=name)
-        worker.work(burst=burst, logging_level="INFO")
+        try:
+            worker.work(burst=burst, logging_level="INFO")
+        finally:
+            self._worker = None
+
+    def _tick(self) -> None:
+        """Beat for this process's worker (and its run), then hand expired runs back."""
+        worker = self._worker
+        if worker is None or worker.birth_date is None:
+            return  # not registered yet: a beat now would make RQ refuse the name
+        executions = getattr(worker, "executions", None)
+        if executions is None:  # RQ 2: one run, beaten by maintain_heartbeats(job)
+            execution = worker.execution
+            if execution is not None:
+                worker.maintain_heartbeats(execution.job)  # type: ignore[call-arg]
+        else:  # RQ 3: a copy of the main thread's dict, which may change meanwhile
+            execution = next(iter(list(executions.values())), None)
+            if execution is not None:
+                worker.maintain_heartbeats(execution.job, execution)
+        if execution is None:
+            worker.heartbeat()
+        self.queue.started_job_registry.cleanup(exception_handlers=[self._on_failure])
+
+    def _on_failure(self, job: Any, exc_type: type[BaseException], *_: Any) -> None:
+        """RQ's handler of a failed run: one given up as abandoned goes to ``when_abandoned``."""
+        from rq.exceptions import AbandonedJobError
+
+        run = self.run_of(job.id)
+        if run is not None and exc_type is AbandonedJobError and self._abandoned is not None:
+            self._abandoned(*run)
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
 
 
 def open_queue(settings: Settings, uri: str, runner: Callable[[str], None]) -> JobQueue:
@@ -252,7 +383,9 @@ def open_queue(settings: Settings, uri: str, runner: Callable[[str], None]) -> J
             "or use 'local' (one in-process worker, single machine) or 'auto'"))
     try:
         return RQQueue(uri, max_queue=settings.job_max_queue,
-                       job_timeout=settings.job_timeout, ttl=settings.result_ttl)
+                       job_timeout=settings.job_timeout, ttl=settings.result_ttl,
+                       worker_timeout=settings.job_worker_timeout,
+                       beat=settings.job_worker_beat)
     except ImportError:
         raise SettingError("ANIMEGAN_JOB_QUEUE", (
             "jobs on Redis need RQ: pip install 'flask-animegan[jobs]', or set "

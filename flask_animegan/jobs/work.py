@@ -2,7 +2,8 @@
 
 A job is never left "running": a run whose heartbeat is older than
 JOB_STALL_SECONDS (config) is queued again once, else failed, by a reader or the sweep;
-each step is claimed in the store, so it happens once."""
+so is a run whose RQ worker stopped beating, running or not yet; each step is claimed in
+the store, so it happens once. A job that waits with no live worker says so."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ MAX_ATTEMPTS = 2
 #: Most seconds between two sweeps of a worker.
 SWEEP_EVERY = 5.0
 STALLED = "the worker converting it stopped; send the file again"
+NO_WORKER = "no worker is running: the site's administrator has been told"
 INTERNAL = "the conversion failed on the server; try again, or send another file"
 
 
@@ -61,12 +63,15 @@ class Jobs:
         self.converter = converter
         #: where a still photo is sent instead
         self.convert_url = convert_url
+        self._warned_at: float | None = None  # the last warning that no worker runs
         queue.sweep_with(self.sweep, self.sweep_every)
+        queue.when_abandoned(self.abandoned)
 
     @property
     def sweep_every(self) -> float:
-        """Seconds between sweeps: SWEEP_EVERY, or a quarter of the stall time if shorter."""
-        return min(SWEEP_EVERY, JOB_STALL_SECONDS / 4)
+        """Seconds between sweeps (and a worker's beats): SWEEP_EVERY, or a quarter of the
+        stall time or the worker's beat interval if shorter."""
+        return min(SWEEP_EVERY, JOB_STALL_SECONDS / 4, self.settings.job_worker_beat)
 
     def probe(self, data: bytes) -> MediaInfo:
         """What the upload is, checked against the media limits (else ConversionError)."""
@@ -109,7 +114,13 @@ class Jobs:
                 and time.time() - record.updated_at > JOB_STALL_SECONDS)
 
     def settle(self, record: JobRecord) -> JobRecord:
-        """Queue again (once) or fail a run whose worker stopped reporting, once among readers."""
+        """Queue again (once) or fail a run whose worker stopped reporting, once among readers;
+        so too a queued run the queue lost (failed by a cleaner that was not ours)."""
+        if (record.state == JobState.QUEUED
+                and time.time() - record.updated_at > self.settings.job_worker_timeout
+                and not self.queue.run_pending(record.id, record.attempts)):
+            self.abandoned(record.id, record.attempts)
+            return self.store.get(record.id) or record
         if not self._stalled(record):
             return record
         if not self.store.claim(record.id, f"settle-{record.attempts}", JOB_STALL_SECONDS):
@@ -123,6 +134,52 @@ class Jobs:
             return record
         log.warning("flask_animegan: job %s stalled; marked failed", record.id)
         return self._finish(record, JobState.FAILED, STALLED)
+
+    def abandoned(self, job_id: str, attempt: int) -> None:
+        """Queue again (once) or fail the job whose run ``attempt`` lost its worker (RQ's
+        registry expired it): taken and not started yet, or running; once among sweepers."""
+        record = self.store.get(job_id)
+        if record is None or not self._owned_by(record, attempt):
+            return  # ended, or another run has it now
+        if not self.store.claim(job_id, f"settle-{attempt + 1}", JOB_STALL_SECONDS):
+            return
+        current = self.store.get(job_id)
+        if current is None or not self._owned_by(current, attempt):
+            return
+        current.attempts = attempt + 1  # the lost run counts, so its successor's id is new
+        if not self._run_again(current, f"lost its worker (no heartbeat for "
+                                        f"{self.settings.job_worker_timeout} s)"):
+            log.warning("flask_animegan: job %s lost its worker; marked failed", job_id)
+            self._finish(current, JobState.FAILED, STALLED)
+
+    @staticmethod
+    def _owned_by(record: JobRecord, attempt: int) -> bool:
+        """Whether run ``attempt`` (0 first) owns the record: queued for it, or running it."""
+        return ((record.state == JobState.QUEUED and record.attempts == attempt)
+                or (record.state == JobState.RUNNING and record.attempts == attempt + 1))
+
+    def waiting(self, record: JobRecord) -> str | None:
+        """``"no_worker"`` for a job queued longer than the worker timeout while no worker
+        beats (warned in the log once per timeout), else None."""
+        timeout = self.settings.job_worker_timeout
+        if record.state != JobState.QUEUED or time.time() - record.updated_at <= timeout:
+            return None
+        try:
+            if self.queue.live_workers():
+                return None
+        except Exception:  # noqa: BLE001 - an unreachable queue is /healthz's to report
+            return None
+        self._warn_no_worker(time.time() - record.updated_at)
+        return "no_worker"
+
+    def _warn_no_worker(self, waited: float) -> None:
+        now = time.monotonic()
+        if self._warned_at is not None and now - self._warned_at < self.settings.job_worker_timeout:
+            return
+        self._warned_at = now
+        log.warning("flask_animegan: a job has waited %.0f s and no job worker sent a "
+                    "heartbeat in %d s (ANIMEGAN_JOB_WORKER_TIMEOUT): start `flask animegan "
+                    "worker` on the jobs' Redis", waited, self.settings.job_worker_timeout)
 
     def _run_again(self, record: JobRecord, why: str) -> bool:
         """Queue the job's next run; False if it has none left, was cancelled, or is refused."""
@@ -152,8 +209,17 @@ class Jobs:
         return record
 
     def status(self) -> dict[str, Any]:
-        """The queue for /healthz."""
-        return self.queue.status()
+        """The queue for /healthz; ``no_worker``: a job waited longer than the worker
+        timeout and no worker beat within it (warned in the log once per timeout)."""
+        status = self.queue.status()
+        oldest: float | None = status.get("oldest_queued_s")
+        status["worker_timeout_s"] = self.settings.job_worker_timeout
+        status["no_worker"] = bool(status["ok"] and status["workers"] == 0
+                                   and oldest is not None
+                                   and oldest > self.settings.job_worker_timeout)
+        if status["no_worker"] and oldest is not None:
+            self._warn_no_worker(oldest)
+        return status
 
     def run(self, job_id: str) -> None:
         """Convert the job in a worker, store its result and preview, finish its record."""

@@ -220,6 +220,7 @@
 
   function describeJob(job) {
     var frames = job.frames_done + " of " + job.frames_total + " frames";
+    if (job.state === "queued" && job.waiting_message) return sentence(job.waiting_message);
     if (job.state === "queued") return "Waiting for a worker\u2026 " + job.frames_total + " frames to convert.";
     if (job.state === "running") {
       return frames + (job.eta_s !== null ? ", about " + Math.round(job.eta_s) + " s left" : "") + ".";

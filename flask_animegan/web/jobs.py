@@ -18,7 +18,7 @@ from flask import (
 
 from ..errors import ConversionError
 from ..jobs.records import JobRecord, JobState
-from ..jobs.work import Jobs
+from ..jobs.work import NO_WORKER, Jobs
 from ..service import get_service
 from . import csrf, uploads, views
 from .blueprint import blueprint
@@ -51,6 +51,7 @@ def _exempt_api_from_host_csrf(endpoint: str | None, values: dict[str, Any] | No
 def describe(record: JobRecord) -> dict[str, Any]:
     """What ``GET /jobs/<id>`` answers for ``record``."""
     finished = record.state == JobState.DONE
+    waiting = _jobs().waiting(record)
     return {
         "id": record.id,
         "state": record.state.value,
@@ -64,6 +65,9 @@ def describe(record: JobRecord) -> dict[str, Any]:
         "eta_s": (None if record.finished or record.eta_s is None
                   else round(record.eta_s, 1)),
         "error": record.error,
+        # "no_worker": queued past the worker timeout with no live worker
+        "waiting": waiting,
+        "waiting_message": NO_WORKER if waiting == "no_worker" else None,
         # the worker's last report (Unix time): its heartbeat
         "updated_at": record.updated_at,
         "url": url_for(".job", job_id=record.id),
