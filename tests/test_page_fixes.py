@@ -143,3 +143,21 @@ def test_faces_are_found_at_512_px_as_at_1024(face_app, group_picture):
         # one decode: the search's copy and the network's input come from it
         assert answer.headers["Server-Timing"].count("decode") == 1
     assert found[512] == found[1024] >= placed - 1, found
+
+
+def test_the_command_follows_how_the_site_runs_its_cli(monkeypatch):
+    """``flask --app site run`` keeps ``--app``; a site's own CLI is named as it is; under a
+    server (no CLI), FLASK_APP, else the module that made the app."""
+    from flask_animegan.cli.commands import site_command
+
+    app = Flask("studio.factory")
+    monkeypatch.delenv("FLASK_APP", raising=False)
+    flask_cli = click.Group("flask", params=[click.Option(["--app"])])
+    with click.Context(flask_cli, info_name="flask") as context:
+        context.params["app"] = "studio:create_app()"
+        assert site_command(app) == "flask --app 'studio:create_app()' animegan"
+    with click.Context(click.Group("flaskbb"), info_name="flaskbb"):
+        assert site_command(app) == "flaskbb animegan"
+    assert site_command(app) == "flask --app studio.factory animegan"
+    monkeypatch.setenv("FLASK_APP", "wsgi")
+    assert site_command(app) == "flask --app wsgi animegan"
