@@ -134,7 +134,7 @@ def error_in_view_and_focused(driver) -> dict[str, float | str]:
 
 # -- 1. an error comes into view, with the focus -------------------------------------
 
-def test_a_415_error_is_scrolled_into_view_and_focused(site, browser, photos):
+def test_a_415_error_is_scrolled_into_view_and_focused(site, browser, photos):  # noqa: F811
     driver = browser(height=700)
     submit(driver, site.url, photos["notes"])
     wait_for(lambda: by_id(driver, "animegan-error").is_displayed(), what="the error")
@@ -146,7 +146,8 @@ def test_a_415_error_is_scrolled_into_view_and_focused(site, browser, photos):
     save_screenshot(driver, "page-error-415.png")
 
 
-def test_a_429_error_is_scrolled_into_view_and_focused(limited_site, browser, photos):
+def test_a_429_error_is_scrolled_into_view_and_focused(limited_site, browser,  # noqa: F811
+                                                       photos):
     driver = browser(height=700)
     text = ""
     for _ in range(2):  # the first converts; the second is over the limit
@@ -187,7 +188,8 @@ def difference(a: Image.Image, b: Image.Image) -> float:
     ("face-style-square", "coffee", {"style": "face_paint_512_v2", "portrait": "off"}),
     ("faces-only", "group", {"portrait": "faces"}),
 ])
-def test_the_slider_compares_the_photo_as_the_result_shows_it(site, browser, photos, mode,
+def test_the_slider_compares_the_photo_as_the_result_shows_it(site, browser, photos,  # noqa: F811
+                                                              mode,
                                                               source, options):
     driver = browser(height=1400)
     submit(driver, site.url, photos[source], size="512", **options)
@@ -241,7 +243,7 @@ def faces_side_by_side(driver, url: str, path: Path) -> Image.Image:
 # -- 3, 4, 5: the title, the time kept, the command ---------------------------------
 
 def test_the_title_keeps_the_sites_name_and_the_result_says_how_long_it_is_kept(
-        site, browser, photos):
+        site, browser, photos):  # noqa: F811
     driver = browser(javascript=False, height=1200)
     driver.get(f"{site.url}/animegan/")
     assert driver.title == "Photo to anime - Studio Forum"
@@ -254,7 +256,7 @@ def test_the_title_keeps_the_sites_name_and_the_result_says_how_long_it_is_kept(
     save_screenshot(driver, "page-title-and-kept.png", top=note)
 
 
-def test_the_administrators_box_names_the_sites_own_command(site, browser):
+def test_the_administrators_box_names_the_sites_own_command(site, browser):  # noqa: F811
     driver = browser(height=1600)
     driver.get(f"{site.url}/animegan/")
     box = driver.find_element("css selector", ".animegan-admin")
