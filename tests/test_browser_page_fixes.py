@@ -146,6 +146,16 @@ def test_a_415_error_is_scrolled_into_view_and_focused(site, browser, photos):  
     save_screenshot(driver, "page-error-415.png")
 
 
+def test_without_javascript_the_error_page_puts_the_focus_on_the_error(site, browser,  # noqa: F811
+                                                                       photos):
+    driver = browser(javascript=False, height=700)
+    submit(driver, site.url, photos["notes"])
+    wait_for(lambda: by_id(driver, "animegan-error").is_displayed(), what="the error page")
+    where = error_in_view_and_focused(driver)
+    assert "not an image this server can read" in where["text"]
+    assert where["focused"] == "animegan-error" and where["bottom"] <= where["height"], where
+
+
 def test_a_429_error_is_scrolled_into_view_and_focused(limited_site, browser,  # noqa: F811
                                                        photos):
     driver = browser(height=700)
