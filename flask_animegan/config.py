@@ -36,6 +36,8 @@ HOUR, DAY = 3600, 86400
 PHASH_SIZE = 16
 #: Portrait mode leaves faces with a smaller box side (in pixels) to the scene style.
 PORTRAIT_MIN_FACE = 48
+#: The least long side of the copy portrait mode searches for faces (docs/portrait.md).
+PORTRAIT_DETECT_SIDE = 1024
 #: Largest ratio of an upload's long side to its short side (a strip inflates memory).
 MAX_ASPECT_RATIO = 20.0
 #: Most scans a JPEG may have: a progressive JPEG is decoded once per scan.
@@ -903,6 +905,9 @@ class PortraitLimits:
     scene_style: str | None = None
     min_face: int = PORTRAIT_MIN_FACE
     max_faces: int = 8
+    #: faces are searched on a copy with at least this long side (never upscaled), so that
+    #: a small output finds the faces a large one does; min_face counts in its pixels
+    detect_side: int = PORTRAIT_DETECT_SIDE
 
 
 @dataclass(frozen=True)

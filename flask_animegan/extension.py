@@ -179,6 +179,7 @@ class AnimeGAN:
         service = AnimeGANService(settings, engine, converter, cache, results,
                                   partial(ratelimit.counting_limiter, app.extensions, own),
                                   own, metrics, jobs, render_template=render_template)
+        service.cli_command = _cli.site_command(app)
         app.extensions[EXTENSION_KEY] = service
         app.register_blueprint(blueprint, url_prefix=settings.url_prefix)
         _check_no_route_is_shadowed(app, settings.url_prefix)

@@ -80,6 +80,8 @@ class AnimeGANService:
         self._warm_lock = threading.Lock()
         self.warmed_up = False
         self.warming = False  # warm_up_in_background is running
+        #: how the site's administrator runs the CLI group (init_app: cli.site_command)
+        self.cli_command = "flask animegan"
         _services.add(self)
 
     @property

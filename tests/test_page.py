@@ -129,7 +129,8 @@ def test_the_page_is_for_visitors_the_admin_commands_show_in_debug_mode_only(mak
     assert "flask animegan" not in html and "animegan-admin" not in html
     app.debug = True
     html = app.test_client().get("/animegan/").get_data(as_text=True)
-    assert "flask animegan pull paprika" in html
+    # the command as this site runs it (made outside a Flask CLI: `flask --app <its module>`)
+    assert "<code>flask --app host_app animegan pull paprika</code>" in html
     assert "Only the site's administrators see this box" in html
 
 

@@ -228,7 +228,8 @@ def test_no_weights_at_all_page_explains_and_api_is_503(make_app, tmp_path):
     # (and on the page in debug mode only)
     assert "not available yet: no style is installed" in html and "flask animegan" not in html
     client.application.debug = True
-    assert "flask animegan pull paprika" in client.get("/animegan/").get_data(as_text=True)
+    assert "flask --app host_app animegan pull paprika" in client.get(
+        "/animegan/").get_data(as_text=True)
     response = convert(client, photo_bytes())
     assert response.status_code == 503
     assert "flask animegan pull paprika" in response.json["error"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import click
 import torch
+from flask import Flask
 
 from ..config import OUTPUT_FORMATS
 from ..convert.colors import COLOR_MODES
@@ -44,6 +46,25 @@ Examples:
   flask --app example_app animegan export paprika --torchscript paprika.ts
   flask --app example_app animegan bench --quick
 """
+
+
+def site_command(app: Flask) -> str:
+    """How this site's administrator runs the ``animegan`` group, for the page's hints: the
+    command line that made the app (``flaskbb``, ``flask --app site``) when a Flask CLI
+    made it, else ``flask --app MODULE``, which works for any site."""
+    group = blueprint.cli.name or "animegan"
+    made_by = click.get_current_context(silent=True)
+    if made_by is not None:
+        root = made_by.find_root()
+        target = root.params.get("app") or os.environ.get("FLASK_APP")
+        program = root.info_name or "flask"
+        app_option = f" --app {shlex.quote(target)}" if target and program.endswith(
+            "flask") else ""
+        return f"{program}{app_option} {group}"
+    target = os.environ.get("FLASK_APP") or app.import_name
+    if target == "__main__":  # `python site.py`: the script's file
+        target = Path(getattr(sys.modules["__main__"], "__file__", "app.py")).name
+    return f"flask --app {shlex.quote(target)} {group}"
 
 
 @cli.command("styles")

@@ -13,7 +13,7 @@ from PIL import Image
 
 from ..config import PortraitLimits
 from ..errors import ConversionError, Overloaded
-from ..inputs.decoding import centre_square, fit, to_rgb
+from ..inputs.decoding import fit, to_rgb
 from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
 from ..outputs.stills import MIME_TYPES, encode
@@ -25,6 +25,7 @@ from .request import ConvertRequest
 if TYPE_CHECKING:  # pragma: no cover
     from ..cache import CachedResult, NearDuplicateCache
     from ..cache.near_duplicate import Fingerprint, Lookup
+    from ..portrait import Face
     from ..runtime.engine import InferenceEngine
 
 
@@ -41,6 +42,9 @@ class Conversion:
     face_crop: bool  # the centre square was converted
     faces: int | None = None  # None: portrait mode did not run
     colors: str = "off"
+    #: portrait=faces: per face, the matrix (a, b, c, d, e, f) from the input's pixels to
+    #: its square in the result; None when not known (other modes, a cache hit)
+    face_crops: list[tuple[float, ...]] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
     #: the fitted input; a cache hit decodes it only if the result page asks
     input_image: Image.Image | None = field(default=None, repr=False)
@@ -103,26 +107,38 @@ class Converter:
         tiled = self.tile_above is not None and max(picture.size) > self.tile_above
         return keep_colors(self.engine.run(picture, style, tiled=tiled), picture, colors)
 
-    def _portrait(self, picture: Image.Image, style: StyleInfo, mode: str, colors: str,
-                  lap: _Laps) -> tuple[Image.Image, int]:
-        """Each face converted with ``style`` over the scene (mode "faces": side by side), and
-        how many. No face: the picture converted (a face style's: unconverted), and 0."""
-        from ..portrait import face_crops, find_faces, paste_faces
+    def find_faces(self, picture: Image.Image, work: Image.Image | None = None) -> list[Face]:
+        """The faces of ``picture``, searched on ``work`` (a larger copy of it, from the same
+        decode) when given, so that a small output loses no face a large one finds."""
+        from ..portrait import find_faces
 
         limits = self.portrait
-        found = find_faces(picture, min_size=limits.min_face, max_faces=limits.max_faces)
+        work = work if work is not None and work.width > picture.width else picture
+        found = find_faces(work, min_size=limits.min_face, max_faces=limits.max_faces)
+        if work is picture:
+            return found
+        return [face.scaled(picture.width / work.width) for face in found]
+
+    def _portrait(self, picture: Image.Image, style: StyleInfo, mode: str, colors: str,
+                  lap: _Laps, work: Image.Image | None = None) -> tuple[Image.Image, list[Face]]:
+        """Each face converted with ``style`` over the scene (mode "faces": side by side), and
+        the faces. No face: the picture converted (a face style's: unconverted), and none."""
+        from ..portrait import face_crops, paste_faces
+
+        limits = self.portrait
+        found = self.find_faces(picture, work)
         lap("faces")
         if not found:
-            return (picture if style.face else self.stylize(picture, style.name, colors)), 0
+            return (picture if style.face else self.stylize(picture, style.name, colors)), []
 
         def convert_face(crop: Image.Image) -> Image.Image:
             return self.stylize(crop, style.name, colors)
 
         if mode == "faces":
-            return strip(face_crops(picture, found, convert_face)), len(found)
+            return strip(face_crops(picture, found, convert_face)), found
         scene_style = (self.engine.style(limits.scene_style) if style.face else style).name
         scene = self.stylize(picture, scene_style, colors)
-        return paste_faces(picture, found, scene, convert_face), len(found)
+        return paste_faces(picture, found, scene, convert_face), found
 
     def photo(self, data: bytes, request: ConvertRequest,
               scope: str | None = None) -> Conversion:
@@ -144,10 +160,14 @@ class Converter:
             if again is not None:
                 return self._cached(data, again, request, square, None, lap.timings)
         # a face style that looks for faces may fall back to the centre square: one decode
-        # serves both, fitted so that its centre square is ``size`` a side
+        # serves both, fitted so that its centre square is ``size`` a side; portrait mode
+        # searches faces on that decode, at least ``detect_side`` long
         cover = style.face and portrait != "off"
-        decoded = self.decoder.decode(data, size=size, square=square, cover=cover)
-        fitted = fit(decoded.image, size) if cover else decoded.image  # what the network sees
+        work_side = size if portrait == "off" else max(size, self.portrait.detect_side)
+        decoded = self.decoder.decode(data, size=work_side, square=square, cover=cover)
+        fitted = decoded.image  # what the network sees
+        if cover or work_side != size:
+            fitted = fit(decoded.image, size, source_size=decoded.source_size)
         lap("decode")
         fingerprint: Fingerprint | None = None
         if lookup is not None:
@@ -160,15 +180,21 @@ class Converter:
                 return self._cached(data, cached, request, square, fitted, lap.timings)
         stored_size = fitted.size
         faces: int | None = None
+        crops: list[tuple[float, ...]] | None = None
         if portrait == "off":
             result = self.stylize(fitted, style.name, options.colors)
         else:
-            result, faces = self._portrait(fitted, style, portrait, options.colors, lap)
+            result, found = self._portrait(fitted, style, portrait, options.colors, lap,
+                                           work=decoded.image)
+            faces = len(found)
             if not faces and style.face:
                 # no face: as without portrait mode, the centre square at full resolution
                 square = True
-                fitted = decoded.image.crop(centre_square(decoded.image.size))
+                fitted = fit(decoded.image, size, square=True, source_size=decoded.source_size)
                 result = self.stylize(fitted, style.name, options.colors)
+            elif faces and portrait == "faces":
+                # the result is the faces side by side: so is the input it is compared with
+                fitted, crops = face_sheet(fitted, found)
         lap("infer")
         encoded = encode(result, fmt, self.quality)
         lap("encode")
@@ -177,7 +203,8 @@ class Converter:
                              -1 if faces is None else faces, upload=upload)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
                           cache_hit=False, face_crop=square, input_image=fitted,
-                          timings=lap.timings, faces=faces, colors=options.colors)
+                          timings=lap.timings, faces=faces, colors=options.colors,
+                          face_crops=crops)
 
     def _cached(self, data: bytes, cached: CachedResult, request: ConvertRequest,
                 square: bool, fitted: Image.Image | None,
@@ -190,12 +217,20 @@ class Converter:
         if style.face and faces == 0 and not square:
             # a face style whose portrait mode found no face converted the centre square
             square, fitted = True, None
-        if square:
+        sheet = bool(faces) and request.options.portrait_for(style) == "faces"
+        if sheet:
+            fitted = None  # the faces side by side, found again if a page asks
+        if square or sheet:
             with Image.open(io.BytesIO(cached.data)) as stored:
                 out_size = stored.size
 
         def input_image() -> Image.Image:
-            return self.decoder.decode(data, size=size, square=square).image
+            if not sheet:
+                return self.decoder.decode(data, size=size, square=square).image
+            work_side = max(size, self.portrait.detect_side)
+            decoded = self.decoder.decode(data, size=work_side, cover=style.face)
+            picture = fit(decoded.image, size, source_size=decoded.source_size)
+            return face_sheet(picture, self.find_faces(picture, decoded.image))[0]
 
         return Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
                           cache_hit=True, face_crop=square, input_image=fitted,
@@ -209,8 +244,10 @@ class Converter:
         rgb = to_rgb(image)
         if portrait != "off":
             picture = fit(rgb, request.size)
-            result, faces = self._portrait(picture, style, portrait, options.colors, _Laps())
-            if faces or not style.face:
+            work = fit(rgb, max(request.size, self.portrait.detect_side))
+            result, found = self._portrait(picture, style, portrait, options.colors, _Laps(),
+                                           work=work)
+            if found or not style.face:
                 return result
         picture = fit(rgb, request.size, square=style.face)
         return self.stylize(picture, style.name, options.colors)
@@ -285,6 +322,26 @@ def strip(crops: list[Image.Image]) -> Image.Image:
         sheet.paste(crop, (left, 0))
         left += crop.width
     return sheet
+
+
+def face_sheet(picture: Image.Image,
+               faces: list[Face]) -> tuple[Image.Image, list[tuple[float, ...]]]:
+    """The faces of ``picture`` side by side as portrait=faces converts them, unconverted,
+    and per face the matrix from a point of the picture to one of its square, both in
+    fractions of their sides (a page draws the same from the photo it holds)."""
+    import numpy as np
+
+    from ..portrait import face_crops
+    from ..portrait.align import crop_matrix
+
+    crops = face_crops(picture, faces, lambda crop: crop)
+    to_fraction = np.diag([picture.width, picture.height, 1.0])
+    matrices = []
+    for face, crop in zip(faces, crops, strict=True):
+        to_square = np.diag([1 / crop.width, 1 / crop.height, 1.0])
+        matrix = to_square @ np.linalg.inv(crop_matrix(face, crop.width)) @ to_fraction
+        matrices.append(tuple(round(float(v), 5) for v in matrix[:2].reshape(-1)))
+    return strip(crops), matrices
 
 
 def describe_timings(timings: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: The most faces converted in one picture, so a crowd costs a bounded time.
 MAX_FACES = 8
@@ -24,3 +24,11 @@ class Face:
     def centre(self) -> tuple[float, float]:
         x, y, w, h = self.box
         return (x + w / 2, y + h / 2)
+
+    def scaled(self, factor: float) -> Face:
+        """The same face in a copy of the picture ``factor`` times as large."""
+        x, y, w, h = self.box
+        return replace(
+            self, box=(round(x * factor), round(y * factor), round(w * factor), round(h * factor)),
+            left_eye=(self.left_eye[0] * factor, self.left_eye[1] * factor),
+            right_eye=(self.right_eye[0] * factor, self.right_eye[1] * factor))

@@ -66,6 +66,7 @@
   var photo = null;
   var photoUrl = null;
   var resultUrl = null;
+  var sentPortrait = "";  // the portrait mode of the conversion last sent
 
   // The busy indicator's clock. Every end of a conversion stops it *before* writing the
   // status, and a tick checks that its clock still runs, so no late tick can write
@@ -93,6 +94,10 @@
     stopClock("");
     errorBox.textContent = sentence(message);
     errorBox.hidden = false;
+    // the box sits above the form: bring it into view and move focus there, so that
+    // neither a sighted user scrolled down to the button nor a screen reader misses it
+    errorBox.scrollIntoView({ block: "nearest" });
+    errorBox.focus({ preventScroll: true });
   }
 
   function clearError() {
@@ -176,6 +181,49 @@
     return parts.join(" ");
   }
 
+  // The photo under the slider as the result shows it: the whole picture, or its centre
+  // square (the CSS's object-fit: cover), or with portrait=faces its faces side by side,
+  // drawn from the matrices the server sends; on a cache hit, which has none, no slider.
+  function showBefore(response, result) {
+    var root = panel.querySelector("[data-animegan-compare]");
+    var before = root.querySelector(".animegan-compare-before");
+    var crops = JSON.parse(response.headers.get("X-AnimeGAN-Face-Crops") || "null");
+    var sheet = Number(response.headers.get("X-Faces")) > 0 && sentPortrait === "faces";
+    function compare(src) {
+      if (src) {
+        before.src = src;
+        initCompare(root);
+      } else {
+        root.classList.remove("animegan-compare-ready");  // "The photo you sent" shows instead
+      }
+    }
+    if (!sheet) return compare(photoUrl);
+    compare(null);
+    if (!crops) return;
+    var source = new Image();
+    source.src = photoUrl;
+    Promise.all([source.decode(), result.decode()]).then(function () {
+      var side = result.naturalHeight;
+      var width = source.naturalWidth, height = source.naturalHeight;
+      var canvas = document.createElement("canvas");
+      canvas.width = side * crops.length;
+      canvas.height = side;
+      var context = canvas.getContext("2d");
+      context.fillRect(0, 0, canvas.width, canvas.height);  // black beyond the photo, as there
+      crops.forEach(function (m, i) {  // photo (x, y) in fractions -> square (u, v)
+        context.save();
+        context.beginPath();
+        context.rect(i * side, 0, side, side);
+        context.clip();
+        context.setTransform(m[0] * side / width, m[3] * side / width, m[1] * side / height,
+                             m[4] * side / height, m[2] * side + i * side, m[5] * side);
+        context.drawImage(source, 0, 0);
+        context.restore();
+      });
+      if (resultUrl === result.src) compare(canvas.toDataURL("image/jpeg", 0.92));
+    }, function () { /* a photo this browser cannot draw: no slider */ });
+  }
+
   function showResult(blob, response, elapsed) {
     var style = response.headers.get("X-AnimeGAN-Style") || "anime";
     var ext = { "image/jpeg": "jpg", "image/png": "png", "image/webp": "webp" }[blob.type] || "jpg";
@@ -188,7 +236,7 @@
     };
     result.alt = "The photo in the " + style + " style";
     panel.querySelectorAll(".animegan-converted").forEach(function (img) { img.src = resultUrl; });
-    panel.querySelectorAll(".animegan-original").forEach(function (img) { img.src = photoUrl; });
+    panel.querySelector(".animegan-photo-sent .animegan-original").src = photoUrl;
     var note = panel.querySelector("#animegan-result-note");
     note.textContent = describeOptions(response);
     note.hidden = !note.textContent;
@@ -196,7 +244,7 @@
     download.href = resultUrl;
     download.download = stemOf(photo.name) + "-" + style + "." + ext;
     panel.hidden = false;
-    initCompare(panel.querySelector("[data-animegan-compare]"));
+    showBefore(response, result);
     // a cache hit takes no time: say why, rather than a bare "Done in 0.0 s."
     stopClock("Done in " + elapsed + " s" + (response.headers.get("X-Cache") === "HIT" ?
       ": this photo was converted here before with these options, so the result came " +
@@ -312,6 +360,7 @@
     }
     var body = new FormData(form);
     body.set("image", photo, photo.name || "photo");
+    sentPortrait = body.get("portrait") || "";
     var elapsed = startClock();
     button.disabled = true;
     form.setAttribute("aria-busy", "true");

@@ -26,7 +26,7 @@ from flask import (
 )
 from flask_limiter.errors import RateLimitExceeded
 from jinja2 import Environment, Template
-from markupsafe import escape
+from markupsafe import Markup, escape
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, default_exceptions
 from werkzeug.routing import RequestRedirect
 from werkzeug.wrappers import Response as BaseResponse
@@ -277,6 +277,9 @@ def page_context(layout: str | Template | None = None, **extra: Any) -> SimpleNa
         rate_limit=settings.rate_limit,
         csrf_field=csrf.form_field(),
         error=sentence(error) if error else None,
+        kept_for=duration(settings.result_ttl),
+        page_title=page_title,
+        cli_command=service.cli_command,
         **extra,
     )
 
@@ -308,6 +311,22 @@ def _hook_name(value: object) -> str:
     if isinstance(value, str):
         return repr(value)
     return getattr(value, "__qualname__", None) or repr(value)
+
+
+def duration(seconds: int) -> str:
+    """How long a result is kept, as the pages say it: whole minutes, or hours from 2 h."""
+    minutes = max(1, round(seconds / 60))
+    if minutes >= 120:
+        return f"{round(minutes / 60)} hours"
+    return f"{minutes} minute{'' if minutes == 1 else 's'}"
+
+
+def page_title(title: str, layout: str) -> Markup:
+    """What the pages put into the layout's ``title`` block: the layout's own text where it
+    shows ``title`` already (it reads the ``title`` or ``page_title`` variable, as FlaskBB's
+    does, and adds the site's name), else the page's title (the site's name is around)."""
+    own = Markup(layout.strip()) if isinstance(layout, Markup) else escape(layout.strip())
+    return own if escape(title) in own else escape(title)
 
 
 def _layout(base_template: str, block: str) -> str | Template:
@@ -448,6 +467,9 @@ def convert() -> Response:
     })
     if conversion.faces is not None:  # portrait mode ran
         response.headers["X-Faces"] = str(conversion.faces)
+    if conversion.face_crops:  # the page draws the photo's faces beside the result's
+        response.headers["X-AnimeGAN-Face-Crops"] = json.dumps(conversion.face_crops,
+                                                                separators=(",", ":"))
     return response
 
 
