@@ -13,11 +13,12 @@ from PIL import Image
 
 from ..config import PortraitLimits
 from ..errors import ConversionError, Overloaded
-from ..inputs.decoding import centre_square, fit, to_rgb
+from ..inputs.decoding import centre_square, fit, fitted_size, to_rgb
 from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
 from ..outputs.stills import MIME_TYPES, encode
 from ..runtime.catalog import StyleInfo
+from ..runtime.tiles import TileProgress, tiles
 from . import repeats
 from .colors import keep_colors
 from .request import ConvertRequest
@@ -98,13 +99,33 @@ class Converter:
         #: reuse the result of a frame that repeats the last one (off: the bench's baseline)
         self.reuse_repeats = True
 
-    def stylize(self, picture: Image.Image, style: str, colors: str) -> Image.Image:
-        """The network on ``picture`` (tiled above ``tile_above``), colours kept as asked."""
+    def stylize(self, picture: Image.Image, style: str, colors: str, *,
+                progress: TileProgress | None = None,
+                on_busy: Callable[[], None] | None = None) -> Image.Image:
+        """The network on ``picture`` (tiled above ``tile_above``: ``progress`` and
+        ``on_busy`` as :meth:`InferenceEngine.run`'s), colours kept as asked."""
         tiled = self.tile_above is not None and max(picture.size) > self.tile_above
-        return keep_colors(self.engine.run(picture, style, tiled=tiled), picture, colors)
+        result = self.engine.run(picture, style, tiled=tiled, progress=progress,
+                                 on_busy=on_busy)
+        return keep_colors(result, picture, colors)
+
+    def tiles_for(self, source_size: tuple[int, int], request: ConvertRequest) -> int:
+        """How many tiles a photo of ``source_size`` takes at ``request`` (0: run whole)."""
+        if not self.may_tile(request):
+            return 0
+        square = request.style.face and request.options.portrait_for(request.style) == "off"
+        width, height = fitted_size(source_size, request.size, square=square)
+        if max(width, height) <= (self.tile_above or 0):
+            return 0
+        return len(tiles(height, width))
+
+    def may_tile(self, request: ConvertRequest) -> bool:
+        """Whether a photo at ``request``'s size may run in tiles (a large enough one)."""
+        return self.tile_above is not None and request.size > self.tile_above
 
     def _portrait(self, picture: Image.Image, style: StyleInfo, mode: str, colors: str,
-                  lap: _Laps) -> tuple[Image.Image, int]:
+                  lap: _Laps, progress: TileProgress | None = None,
+                  on_busy: Callable[[], None] | None = None) -> tuple[Image.Image, int]:
         """Each face converted with ``style`` over the scene (mode "faces": side by side), and
         how many. No face: the picture converted (a face style's: unconverted), and 0."""
         from ..portrait import face_crops, find_faces, paste_faces
@@ -113,7 +134,8 @@ class Converter:
         found = find_faces(picture, min_size=limits.min_face, max_faces=limits.max_faces)
         lap("faces")
         if not found:
-            return (picture if style.face else self.stylize(picture, style.name, colors)), 0
+            return (picture if style.face else self.stylize(
+                picture, style.name, colors, progress=progress, on_busy=on_busy)), 0
 
         def convert_face(crop: Image.Image) -> Image.Image:
             return self.stylize(crop, style.name, colors)
@@ -121,13 +143,15 @@ class Converter:
         if mode == "faces":
             return strip(face_crops(picture, found, convert_face)), len(found)
         scene_style = (self.engine.style(limits.scene_style) if style.face else style).name
-        scene = self.stylize(picture, scene_style, colors)
+        scene = self.stylize(picture, scene_style, colors, progress=progress, on_busy=on_busy)
         return paste_faces(picture, found, scene, convert_face), len(found)
 
-    def photo(self, data: bytes, request: ConvertRequest,
-              scope: str | None = None) -> Conversion:
+    def photo(self, data: bytes, request: ConvertRequest, scope: str | None = None, *,
+              progress: TileProgress | None = None,
+              on_busy: Callable[[], None] | None = None) -> Conversion:
         """Convert an image file. With a cache, the same file sent again within ``scope``
-        (None: everyone) is answered undecoded, and the same photo before the network runs."""
+        (None: everyone) is answered undecoded, and the same photo before the network runs;
+        ``progress`` and ``on_busy``: for a picture that runs in tiles (:meth:`stylize`)."""
         style, size, fmt, options = (request.style, request.size, request.format,
                                      request.options)
         lap = _Laps()
@@ -161,14 +185,17 @@ class Converter:
         stored_size = fitted.size
         faces: int | None = None
         if portrait == "off":
-            result = self.stylize(fitted, style.name, options.colors)
+            result = self.stylize(fitted, style.name, options.colors, progress=progress,
+                                  on_busy=on_busy)
         else:
-            result, faces = self._portrait(fitted, style, portrait, options.colors, lap)
+            result, faces = self._portrait(fitted, style, portrait, options.colors, lap,
+                                           progress, on_busy)
             if not faces and style.face:
                 # no face: as without portrait mode, the centre square at full resolution
                 square = True
                 fitted = decoded.image.crop(centre_square(decoded.image.size))
-                result = self.stylize(fitted, style.name, options.colors)
+                result = self.stylize(fitted, style.name, options.colors,
+                                      progress=progress, on_busy=on_busy)
         lap("infer")
         encoded = encode(result, fmt, self.quality)
         lap("encode")

@@ -52,7 +52,15 @@ class Upload:
     data: bytes
     params: Mapping[str, Any]
     request: ConvertRequest
-    media: MediaInfo | None  # an animation or a video: a job; None: a photo
+    media: MediaInfo | None  # an animation, a video or a photo in tiles: a job; None: a photo
+
+
+class Queued(Exception):  # noqa: N818 - an answer, not an error
+    """A job was made of the upload: web/jobs.py answers with it (202), as POST /jobs does."""
+
+    def __init__(self, record: JobRecord) -> None:
+        super().__init__(record.id)
+        self.record = record
 
 
 def receive() -> Upload:
@@ -60,7 +68,7 @@ def receive() -> Upload:
     data, params = read_upload()
     parsed = get_service().parse(params)
     spending()  # from here on the request costs CPU
-    return Upload(data, params, parsed, get_service().route(data))
+    return Upload(data, params, parsed, get_service().route(data, parsed))
 
 
 def read_upload() -> tuple[bytes, Any]:
@@ -150,19 +158,27 @@ def _charge_frames(info: MediaInfo) -> None:
 
 
 def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = None) -> JobRecord:
-    """Check an upload at the door and queue its job; ``info``: its probe, if made already."""
+    """Check an upload at the door and queue its job: an animation, a video, or a photo
+    that runs in tiles; ``info``: its probe, if made already."""
     service = get_service()
     jobs = service.jobs
     if jobs is None:
         raise UnsupportedImage("animations and videos are off in this app; send a photo")
-    parsed = service.parse(params, media=True)
+    # a photo may ask for more than a frame: its own parse comes first, the frames' below
+    parsed = service.parse(params)
     spending()  # the probe and the frames cost CPU
     if info is None:
         info = jobs.probe(data)
+    tiles = 0
     if info.kind == "still":
-        raise SendElsewhere(
-            "this is a still photo, not an animation or a video: send it to POST "
-            f"{url_for('.convert')}, which converts it at once", convert_url=url_for(".convert"))
+        tiles = service.converter.tiles_for((info.width, info.height), parsed)
+        if not tiles:
+            raise SendElsewhere(
+                "this is a still photo, not an animation or a video: send it to POST "
+                f"{url_for('.convert')}, which converts it at once",
+                convert_url=url_for(".convert"))
+    else:
+        parsed = service.parse(params, media=True)
     client = client_key(service.limiter)
     unfinished = jobs.unfinished(client)
     cap = service.settings.jobs_per_client
@@ -179,10 +195,10 @@ def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = N
                          f"worker); try again in {FULL_RETRY_AFTER} s", FULL_RETRY_AFTER)
     _charge_frames(info)
     record = jobs.submit(data, info, style=parsed.style.name, size=parsed.size,
-                         client=client, colors=parsed.options.colors)
+                         client=client, colors=parsed.options.colors,
+                         output_format=parsed.format, portrait=parsed.options.portrait,
+                         tiles=tiles)
     log.info("animegan.job %s", json.dumps(
-        {"event": "queued", "kind": info.kind, "format": info.format, "frames": info.frames,
-         "style": parsed.style.name, "size": parsed.size}, sort_keys=True))
+        {"event": "queued", "kind": record.kind, "format": info.format, "frames": info.frames,
+         "tiles": tiles, "style": parsed.style.name, "size": parsed.size}, sort_keys=True))
     return record
-
-
