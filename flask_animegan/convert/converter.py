@@ -18,7 +18,8 @@ from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
 from ..outputs.stills import MIME_TYPES, encode
 from ..runtime.catalog import StyleInfo
-from ..runtime.tiles import TileProgress, tiles
+from ..runtime import tiles as tiling
+from ..runtime.tiles import TileProgress
 from . import repeats
 from .colors import keep_colors
 from .request import ConvertRequest
@@ -117,7 +118,7 @@ class Converter:
         width, height = fitted_size(source_size, request.size, square=square)
         if max(width, height) <= (self.tile_above or 0):
             return 0
-        return len(tiles(height, width))
+        return len(tiling.tiles(height, width, tiling.TILE, tiling.MARGIN))
 
     def may_tile(self, request: ConvertRequest) -> bool:
         """Whether a photo at ``request``'s size may run in tiles (a large enough one)."""
