@@ -67,14 +67,14 @@ def test_a_tiled_photo_through_the_api_is_a_job_with_tile_progress(big_client, f
     assert response.status_code == 202, response.get_json()
     job = response.get_json()
     assert response.headers["Location"] == job["url"]
-    assert job["kind"] == "photo" and job["tiles_total"] == 4  # 768 x 512 in 384-px tiles
+    assert job["kind"] == "photo" and job["tiles_total"] == 6  # 768 x 512 in 320-px tiles
     seen = follow(big_client, job["url"])
     assert seen[-1]["state"] == "done", seen[-1]
     running = [s for s in seen if s["state"] == "running"]
-    assert all(s["tiles_total"] == 4 for s in running)
+    assert {s["tiles_total"] for s in running} <= {0, 6}  # 0 while the photo is read
     done_counts = [s["tiles_done"] for s in running]
     assert done_counts == sorted(done_counts)
-    assert seen[-1]["tiles_done"] == 4 and seen[-1]["progress"] == 1
+    assert seen[-1]["tiles_done"] == 6 and seen[-1]["progress"] == 1
     assert seen[-1]["result_mimetype"] == mimetype
     result = big_client.get(seen[-1]["result_url"])
     assert result.status_code == 200 and result.mimetype == mimetype
@@ -115,13 +115,13 @@ def test_the_form_sends_a_tiled_photo_to_its_job_page(big_client):
     page_url = response.headers["Location"]
     assert page_url.endswith("/page")
     page = big_client.get(page_url).get_data(as_text=True)
-    assert re.search(r"(Waiting for a worker|[Tt]ile \d+ of 4|Measuring)", page), page
+    assert re.search(r"(Waiting for a worker|Reading the photo|Tile \d of 6)", page), page
     job_url = page_url.rsplit("/page", 1)[0]
     seen = follow(big_client, job_url)
     assert seen[-1]["state"] == "done" and seen[-1]["result_mimetype"] == "image/webp"
     page = big_client.get(page_url).get_data(as_text=True)
     assert "Your anime picture" in page and seen[-1]["result_url"] in page
-    assert "animegan-job-photo" in page and "Done: 4 tiles." in page
+    assert "animegan-job-photo" in page and "Done: 6 tiles." in page
 
 
 def test_a_tiled_photo_job_is_cancelled_between_tiles(big_client):
@@ -133,7 +133,7 @@ def test_a_tiled_photo_job_is_cancelled_between_tiles(big_client):
     assert cancel.status_code in (200, 202), cancel.get_json()
     seen = follow(big_client, url)
     assert seen[-1]["state"] == "cancelled", seen[-1]
-    assert seen[-1]["tiles_done"] < seen[-1]["tiles_total"] == 12
+    assert seen[-1]["tiles_done"] < seen[-1]["tiles_total"] == 20  # 1536 x 1024
     assert big_client.get(f"{url}/result").status_code == 409
 
 

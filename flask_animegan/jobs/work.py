@@ -267,14 +267,15 @@ class Jobs:
         request = ConvertRequest(self.converter.engine.style(record.style), record.size,
                                  record.output_format or "jpeg",
                                  Options(colors=record.colors, portrait=record.portrait))
-        self._report(record, None)  # a heartbeat before the decode
+        record.tiles_done = record.tiles_total = 0  # 0 in all: the photo is being read
+        self._report(record, None)
         first_tile: float | None = None
         last_report = time.monotonic()
 
         def progress(done: int, total: int) -> None:
             nonlocal first_tile, last_report
             now = time.monotonic()
-            if done == 0:  # the picture's statistics are measured: tiles from here
+            if done == 0:  # read: the statistics pass and the tiles from here
                 first_tile = now
             record.tiles_done, record.tiles_total = done, total
             if self.queue.stopping:

@@ -20,7 +20,7 @@ from .backends.torch import to_batch
 from .generator import Generator, InvertedResBlock, in_layout
 
 #: Core side of a tile and the context read past it on every side (multiples of 4).
-TILE = 384
+TILE = 320
 MARGIN = 48
 #: Long side of the first pass that measures the statistics.
 STATS_SIDE = 512
@@ -150,7 +150,8 @@ def run_tiled(network: Generator, pixels: np.ndarray, *, tile: int | None = None
     """The generator on uint8 ``pixels`` tile by tile, in one tile's memory; uint8
     (H, W, 3), or None when the output is not finite. ``each()`` is entered around the
     statistics pass and around every tile (the inference slot, one tile at a time);
-    ``progress(done, total)`` is called before the first tile and after each."""
+    ``progress(done, total)`` is called before the statistics pass (which counts as part
+    of the first tile) and after each tile."""
     height, width = pixels.shape[:2]
     dtype = next(network.parameters()).dtype  # fp32, or bf16 for a torch bf16 runner
     step = each or contextlib.nullcontext
@@ -162,13 +163,13 @@ def run_tiled(network: Generator, pixels: np.ndarray, *, tile: int | None = None
         small = to_batch(np.array(_shrink(pixels, stats_side or STATS_SIDE)), dtype)
         rows, cols = small.shape[2], small.shape[3]
         norms: Norms = {}
+        if progress is not None:
+            progress(0, len(layout))
         with step():
             # channels-last: oneDNN's fast path; every torch runner keeps it too
             in_layout(network, torch.channels_last)
             _tile_forward(network, small, (rows, cols),
                           _Tile(0, rows, 0, cols, (0, rows, 0, cols)), norms, measure=True)
-        if progress is not None:
-            progress(0, len(layout))
         for done, part in enumerate(layout, 1):
             read = np.array(pixels[part.top:part.bottom, part.left:part.right])
             with step():

@@ -222,9 +222,9 @@
   function describeTiles(job) {
     var tiles = job.tiles_done + " of " + job.tiles_total + " tiles";
     if (job.state === "queued") return "Waiting for a worker\u2026 " + job.tiles_total + " tiles to convert.";
-    if (job.state === "running" && !job.tiles_done) return "Reading the photo, then " + job.tiles_total + " tiles to convert.";
-    if (job.state === "running") {
-      return "Tile " + job.tiles_done + " of " + job.tiles_total +
+    if (job.state === "running" && !job.tiles_total) return "Reading the photo\u2026";
+    if (job.state === "running") {  // the tile being converted
+      return "Tile " + Math.min(job.tiles_done + 1, job.tiles_total) + " of " + job.tiles_total +
         (job.eta_s !== null ? ", about " + Math.round(job.eta_s) + " s left" : "") + ".";
     }
     if (job.state === "done") return "Done: " + job.tiles_total + " tiles.";
