@@ -18,6 +18,7 @@ import requests
 from conftest import open_image, photo
 from PIL import Image
 from servers import Server
+from test_browser import browser  # noqa: F401  the Chromium sessions' fixture
 
 pytestmark = pytest.mark.server
 
@@ -129,3 +130,57 @@ def test_a_3000_px_photo_shows_tile_progress_and_leaves_room_for_small_ones(serv
     # by construction a small photo waits at most one tile (and the job's own decode and
     # encode, which run outside the gate): generous, on a machine shared with others
     assert max(busy) <= max(idle) + 2 * max(tile_gaps) + 2.0, (idle, busy, tile_gaps)
+
+
+# -- in a browser: the job panel's tiles, and results at their own pixel size ------------
+
+@pytest.fixture(scope="module")
+def page_server(models_dir, tmp_path_factory):
+    from conftest import need
+    from test_browser import CHROMEDRIVER, CHROMIUM, start_server
+
+    need(CHROMIUM is not None and CHROMEDRIVER is not None, "needs chromium and chromedriver")
+    instance = start_server(tmp_path_factory.mktemp("big-page"), models_dir,
+                            ANIMEGAN_MAX_OUTPUT_SIDE="1024", ANIMEGAN_BACKEND="torch")
+    yield instance
+    instance.stop()
+
+
+@pytest.mark.browser
+def test_the_page_follows_a_large_photo_by_tiles_and_draws_results_at_their_size(
+        page_server, browser, tmp_path):
+    from test_browser import by_id, choose_size, natural_size, save_screenshot, wait_for
+
+    big = tmp_path / "coffee-large.jpg"
+    big.write_bytes(jpeg("coffee", (1200, 800)))
+    driver = browser(width=1280, height=1100)
+    driver.get(f"{page_server.url}/animegan/")
+    sizes = [o.get_attribute("value") for o in
+             by_id(driver, "animegan-size").find_elements("tag name", "option")]
+    assert sizes[-2:] == ["768", "1024"]  # up to ANIMEGAN_MAX_OUTPUT_SIDE
+
+    # a 512-px result: drawn at most 512 CSS px wide (it was stretched to 768)
+    by_id(driver, "animegan-image").send_keys(str(big))
+    choose_size(driver, 512)
+    by_id(driver, "animegan-submit").click()
+    result = wait_for(lambda: by_id(driver, "animegan-result-panel").is_displayed()
+                      and by_id(driver, "animegan-result"), what="the result")
+    wait_for(lambda: natural_size(driver, result)[0] == 512, what="the result's pixels")
+    assert result.size["width"] <= 512
+    before = driver.find_element("css selector", ".animegan-compare-before")
+    assert before.size["width"] == result.size["width"]  # the slider compares like with like
+    save_screenshot(driver, "bigphoto-512-result.png", top=by_id(driver, "animegan-result-panel"))
+
+    # a size that runs in tiles: the job panel counts them, then shows the picture
+    choose_size(driver, 1024)
+    by_id(driver, "animegan-submit").click()
+    status = by_id(driver, "animegan-job-status")
+    seen = wait_for(lambda: re.match(r"Tile \d+ of 12", status.text) and status.text,
+                    what="tile progress")
+    save_screenshot(driver, "bigphoto-tiles.png", top=by_id(driver, "animegan-job-panel"))
+    image = wait_for(lambda: by_id(driver, "animegan-job-image").is_displayed()
+                     and by_id(driver, "animegan-job-image"), what="the job's picture")
+    wait_for(lambda: natural_size(driver, image)[0] == 1024, what="the picture's pixels")
+    assert status.text == "Done: 12 tiles." and seen
+    assert by_id(driver, "animegan-job-panel-title").text == "Your large photo"
+    save_screenshot(driver, "bigphoto-job-result.png", top=by_id(driver, "animegan-job-panel"))
