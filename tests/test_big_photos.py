@@ -183,3 +183,21 @@ def test_a_tile_behind_a_queue_that_never_empties_is_told_so():
             with gate.slot(behind=True):
                 pass
         waiter.join(10)
+
+
+def test_a_tiled_photo_job_runs_on_an_rq_worker(make_app, redis_server):
+    """With Redis, the photo's job waits in RQ's queue and a worker (here one burst run in
+    this process, as `flask animegan worker` runs) converts it, its record stored in Redis."""
+    app = make_app(ANIMEGAN_STORAGE_URI=redis_server.uri, SECRET_KEY="big-photos",
+                   ANIMEGAN_MAX_OUTPUT_SIDE=LARGEST)
+    client = app.test_client()
+    response = post(client, "/animegan/convert", large_photo(), size=TILED, format="png")
+    assert response.status_code == 202, response.get_json()
+    url = response.headers["Location"]
+    assert client.get(url).get_json()["state"] == "queued"
+    with app.app_context():
+        app.extensions["animegan"].jobs.queue.work(burst=True)
+    job = client.get(url).get_json()
+    assert job["state"] == "done" and job["tiles_done"] == job["tiles_total"] == 6, job
+    result = client.get(job["result_url"])
+    assert result.mimetype == "image/png" and open_image(result.data).size == (TILED, 512)
