@@ -14,7 +14,6 @@ import pytest
 from conftest import open_image, photo
 from PIL import Image
 
-from flask_animegan.errors import Overloaded
 from flask_animegan.gate import Gate
 
 #: The largest size the test app allows, and a size that runs in tiles (above 512 px).
@@ -170,19 +169,6 @@ def test_a_tile_waits_behind_the_conversions_waiting():
     waiter.join(10)
     tile.join(10)
     assert order == ["photo", "next tile"]
-
-
-def test_a_tile_behind_a_queue_that_never_empties_is_told_so():
-    gate = Gate(max_queue=4, queue_timeout=0.2)
-    with gate.slot():
-        waiter = threading.Thread(target=lambda: pytest.raises(Overloaded, gate.slot().__enter__))
-        waiter.start()
-        while gate.waiting < 1:
-            time.sleep(0.001)
-        with pytest.raises(Overloaded):
-            with gate.slot(behind=True):
-                pass
-        waiter.join(10)
 
 
 def test_a_tiled_photo_job_runs_on_an_rq_worker(make_app, redis_server):

@@ -8,6 +8,7 @@ server and during the job are measured in the same run and printed with their ra
 from __future__ import annotations
 
 import io
+import itertools
 import re
 import statistics
 import threading
@@ -93,8 +94,8 @@ def test_a_3000_px_photo_shows_tile_progress_and_leaves_room_for_small_ones(serv
     state = "queued"
     while time.monotonic() - started < DEADLINE:  # as a visitor's page, without its script
         page = requests.get(page_url, timeout=30).text
-        status = re.search(r'id="animegan-job-status"[^>]*>\s*(.*?)</p>', page, re.S)
-        state_attr = re.search(r'id="animegan-job"[^>]*data-state="(\w+)"', page, re.S)
+        status = re.search(r'id="animegan-job-status"[^>]*>\s*(.*?)</p>', page, re.DOTALL)
+        state_attr = re.search(r'id="animegan-job"[^>]*data-state="(\w+)"', page, re.DOTALL)
         assert status is not None and state_attr is not None, page
         text = re.sub(r"\s+", " ", status.group(1)).strip()
         if not shown or shown[-1][1] != text:
@@ -110,8 +111,8 @@ def test_a_3000_px_photo_shows_tile_progress_and_leaves_room_for_small_ones(serv
              if (m := re.match(r"Tile (\d+) of (\d+)", text))]
     assert tiles and tiles[0][2] == 70  # 3000 x 2000 in 320-px tiles: 10 x 7
     times = [0.0] + [at for at, _ in shown]
-    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
-    tile_gaps = [later[0] - earlier[0] for earlier, later in zip(tiles, tiles[1:])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    tile_gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(tiles)]
     result = requests.get(f"{server.url}{job['url']}/result", timeout=60)
     assert result.headers["Content-Type"] == "image/jpeg"
     assert open_image(result.content).size == BIG
@@ -148,7 +149,7 @@ def page_server(models_dir, tmp_path_factory):
 
 @pytest.mark.browser
 def test_the_page_follows_a_large_photo_by_tiles_and_draws_results_at_their_size(
-        page_server, browser, tmp_path):
+        page_server, browser, tmp_path):  # noqa: F811 - the fixture imported above
     from test_browser import by_id, choose_size, natural_size, save_screenshot, wait_for
 
     big = tmp_path / "coffee-large.jpg"

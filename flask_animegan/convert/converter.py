@@ -17,8 +17,8 @@ from ..inputs.decoding import centre_square, fit, fitted_size, to_rgb
 from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
 from ..outputs.stills import MIME_TYPES, encode
-from ..runtime.catalog import StyleInfo
 from ..runtime import tiles as tiling
+from ..runtime.catalog import StyleInfo
 from ..runtime.tiles import TileProgress
 from . import repeats
 from .colors import keep_colors

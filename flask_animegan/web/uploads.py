@@ -55,7 +55,7 @@ class Upload:
     media: MediaInfo | None  # an animation, a video or a photo in tiles: a job; None: a photo
 
 
-class Queued(Exception):  # noqa: N818 - an answer, not an error
+class Queued(Exception):  # an answer, not an error
     """A job was made of the upload: web/jobs.py answers with it (202), as POST /jobs does."""
 
     def __init__(self, record: JobRecord) -> None:
