@@ -262,7 +262,8 @@ class Settings:
     max_output_side: int | None = _setting(
         None, int,
         'Largest long side a photo may ask for; unset: ANIMEGAN_MAX_SIDE. Larger sizes run '
-        'in tiles and cost more of the rate limit (docs/large-photos.md).',
+        'in tiles, as jobs with progress, and cost more of the rate limit '
+        '(docs/large-photos.md).',
         low=16, high=16384)
     max_upload_bytes: int = _setting(
         16 * 1024 * 1024, int,

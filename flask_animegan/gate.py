@@ -12,6 +12,9 @@ from typing import Protocol
 
 from .errors import Overloaded
 
+#: Seconds between two looks at the queue while a piece of long work lets waiters go first.
+_WAITER_POLL_S = 0.005
+
 
 class QueueEvents(Protocol):
     """What the gate reports as it runs (the metrics implement it)."""
@@ -38,8 +41,11 @@ class Gate:
         self._seconds = seconds  # a slot's hold, smoothed
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        """Hold one slot; Overloaded when the queue is full or the wait too long."""
+    def slot(self, *, behind: bool = False) -> Iterator[None]:
+        """Hold one slot; Overloaded when the queue is full or the wait too long. ``behind``:
+        first let every waiter in (a piece of long work goes after the conversions waiting)."""
+        if behind:
+            self._wait_for_waiters()
         with self._lock:
             if self._pending >= self.slots + self.max_queue:
                 raise Overloaded(f"the server is busy {self.work}; try again in "
@@ -66,6 +72,21 @@ class Gate:
             with self._lock:
                 self._pending -= 1
                 self._report()
+
+    def _wait_for_waiters(self) -> None:
+        # a semaphore lets a releasing thread take it back before a woken waiter does
+        deadline = time.monotonic() + self.queue_timeout
+        while self.waiting:
+            if time.monotonic() > deadline:
+                raise Overloaded(f"timed out waiting while the server was busy {self.work}; "
+                                 f"try again in {self.retry_after()} s", self.retry_after())
+            time.sleep(_WAITER_POLL_S)
+
+    @property
+    def waiting(self) -> int:
+        """Holders-to-be: in the queue, not yet in a slot."""
+        with self._lock:
+            return max(0, self._pending - self._running)
 
     def _report(self) -> None:
         if self.events is not None:

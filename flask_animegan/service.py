@@ -118,9 +118,18 @@ class AnimeGANService:
         """The request ``params`` (a mapping of strings) ask for, checked before any decode."""
         return parse_request(params, self.engine, self.sizes, media=media)
 
-    def route(self, data: bytes) -> MediaInfo | None:
-        """The probe of an animation or a video (a job), or None for a photo."""
-        return route(data, self.jobs.probe if self.jobs is not None else None)
+    def route(self, data: bytes, request: ConvertRequest | None = None) -> MediaInfo | None:
+        """The probe of an animation, a video or (at ``request``) a photo that runs in tiles:
+        a job; or None for a photo converted now."""
+        probe = self.jobs.probe if self.jobs is not None else None
+        if request is None or not self.converter.may_tile(request):
+            return route(data, probe)
+        asked = request
+
+        def tiles(info: MediaInfo) -> int:
+            return self.converter.tiles_for((info.width, info.height), asked)
+
+        return route(data, probe, tiles)
 
     def convert(self, image: Image.Image, style: str | None = None,
                 size: int | None = None, colors: str | None = None,

@@ -263,9 +263,9 @@ def test_with_javascript_preview_convert_compare_and_download(server, browser,
     assert "cache" not in by_id(driver, "animegan-status").text
     assert by_id(driver, "animegan-submit").is_enabled()
 
-    # one large before/after view, as wide as the page's column allows (48rem)
+    # one before/after view, drawn at the result's own pixel size (never stretched)
     assert len(panel.find_elements("css selector", "figure")) == 1
-    assert panel.find_element("css selector", ".animegan-compare-frame").size["width"] >= 700
+    assert panel.find_element("css selector", ".animegan-compare-frame").size["width"] == 256
     assert not panel.find_element("css selector", ".animegan-photo-sent").is_displayed()
     assert panel.find_element("css selector", ".animegan-caption").text == "toon_demo, 256×256"
 

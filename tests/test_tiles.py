@@ -3,6 +3,8 @@ upsampling and statistics, and sizes above ANIMEGAN_MAX_SIDE through the API."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -125,6 +127,19 @@ def count_tiled_runs(monkeypatch) -> list[tuple[int, ...]]:
     return calls
 
 
+def job_result(client, response, deadline: float = 120) -> bytes:
+    """The result of the job ``response`` (a 202) made, once it is done."""
+    url = response.headers["Location"]
+    stop = time.monotonic() + deadline
+    while time.monotonic() < stop:
+        job = client.get(url).get_json()
+        if job["state"] not in ("queued", "running"):
+            break
+        time.sleep(0.05)
+    assert job["state"] == "done", job
+    return client.get(job["result_url"]).data
+
+
 def small_tiles_app(make_app, monkeypatch, **config):
     """An app that tiles pictures above ANIMEGAN_MAX_SIDE even within STATS_SIDE (which
     still measures the statistics), so that tiles are tested at small sizes."""
@@ -154,15 +169,17 @@ def test_sizes_above_max_side_run_in_tiles_up_to_max_output_side(make_app, monke
     upload = encode_image(photo("astronaut").resize((400, 300)), "PNG")
     with app.test_client() as client:
         response = convert(client, upload, "?size=200&format=png")
-        assert response.status_code == 200, response.get_json()
-        assert open_image(response.data).size == (200, 150)
+        # a photo that runs in tiles is a job (tests/test_big_photos.py)
+        assert response.status_code == 202, response.get_json()
+        assert open_image(job_result(client, response)).size == (200, 150)
         assert calls == [(150, 200, 3)]
         response = convert(client, upload, "?size=96&format=png")  # the default: whole
         assert response.status_code == 200 and len(calls) == 1
         response = convert(client, upload, "?size=201")
         assert response.status_code == 400
         assert "from 16 to 200" in response.get_json()["error"]
-        tiled = np.asarray(open_image(convert(client, upload, "?size=200&format=png").data))
+        tiled = np.asarray(open_image(job_result(
+            client, convert(client, upload, "?size=200&format=png"))))
     # the same picture untiled (MAX_SIDE 200): the tiles keep it
     with make_app(ANIMEGAN_MAX_SIDE=200).test_client() as client:
         untiled = np.asarray(open_image(convert(client, upload, "?size=200&format=png").data))

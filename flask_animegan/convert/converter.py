@@ -13,11 +13,13 @@ from PIL import Image
 
 from ..config import PortraitLimits
 from ..errors import ConversionError, Overloaded
-from ..inputs.decoding import fit, to_rgb
+from ..inputs.decoding import fit, fitted_size, to_rgb
 from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
 from ..outputs.stills import MIME_TYPES, encode
+from ..runtime import tiles as tiling
 from ..runtime.catalog import StyleInfo
+from ..runtime.tiles import TileProgress
 from . import repeats
 from .colors import keep_colors
 from .request import ConvertRequest
@@ -102,10 +104,33 @@ class Converter:
         #: reuse the result of a frame that repeats the last one (off: the bench's baseline)
         self.reuse_repeats = True
 
-    def stylize(self, picture: Image.Image, style: str, colors: str) -> Image.Image:
-        """The network on ``picture`` (tiled above ``tile_above``), colours kept as asked."""
+    def stylize(self, picture: Image.Image, style: str, colors: str, *,
+                progress: TileProgress | None = None,
+                on_busy: Callable[[], None] | None = None) -> Image.Image:
+        """The network on ``picture`` (tiled above ``tile_above``: ``progress`` and
+        ``on_busy`` as :meth:`InferenceEngine.run`'s), colours kept as asked."""
         tiled = self.tile_above is not None and max(picture.size) > self.tile_above
-        return keep_colors(self.engine.run(picture, style, tiled=tiled), picture, colors)
+        result = self.engine.run(picture, style, tiled=tiled, progress=progress,
+                                 on_busy=on_busy)
+        return keep_colors(result, picture, colors)
+
+    def fitted_for(self, source_size: tuple[int, int], request: ConvertRequest) -> tuple[int, int]:
+        """The size the network sees for a photo of ``source_size`` at ``request``."""
+        square = request.style.face and request.options.portrait_for(request.style) == "off"
+        return fitted_size(source_size, request.size, square=square)
+
+    def tiles_for(self, source_size: tuple[int, int], request: ConvertRequest) -> int:
+        """How many tiles a photo of ``source_size`` takes at ``request`` (0: run whole)."""
+        if not self.may_tile(request):
+            return 0
+        width, height = self.fitted_for(source_size, request)
+        if max(width, height) <= (self.tile_above or 0):
+            return 0
+        return len(tiling.tiles(height, width, tiling.TILE, tiling.MARGIN))
+
+    def may_tile(self, request: ConvertRequest) -> bool:
+        """Whether a photo at ``request``'s size may run in tiles (a large enough one)."""
+        return self.tile_above is not None and request.size > self.tile_above
 
     def find_faces(self, picture: Image.Image, work: Image.Image | None = None) -> list[Face]:
         """The faces of ``picture``, searched on ``work`` (a larger copy of it, from the same
@@ -120,7 +145,9 @@ class Converter:
         return [face.scaled(picture.width / work.width) for face in found]
 
     def _portrait(self, picture: Image.Image, style: StyleInfo, mode: str, colors: str,
-                  lap: _Laps, work: Image.Image | None = None) -> tuple[Image.Image, list[Face]]:
+                  lap: _Laps, work: Image.Image | None = None,
+                  progress: TileProgress | None = None,
+                  on_busy: Callable[[], None] | None = None) -> tuple[Image.Image, list[Face]]:
         """Each face converted with ``style`` over the scene (mode "faces": side by side), and
         the faces. No face: the picture converted (a face style's: unconverted), and none."""
         from ..portrait import face_crops, paste_faces
@@ -129,7 +156,8 @@ class Converter:
         found = self.find_faces(picture, work)
         lap("faces")
         if not found:
-            return (picture if style.face else self.stylize(picture, style.name, colors)), []
+            return (picture if style.face else self.stylize(
+                picture, style.name, colors, progress=progress, on_busy=on_busy)), []
 
         def convert_face(crop: Image.Image) -> Image.Image:
             return self.stylize(crop, style.name, colors)
@@ -137,13 +165,15 @@ class Converter:
         if mode == "faces":
             return strip(face_crops(picture, found, convert_face)), found
         scene_style = (self.engine.style(limits.scene_style) if style.face else style).name
-        scene = self.stylize(picture, scene_style, colors)
+        scene = self.stylize(picture, scene_style, colors, progress=progress, on_busy=on_busy)
         return paste_faces(picture, found, scene, convert_face), found
 
-    def photo(self, data: bytes, request: ConvertRequest,
-              scope: str | None = None) -> Conversion:
+    def photo(self, data: bytes, request: ConvertRequest, scope: str | None = None, *,
+              progress: TileProgress | None = None,
+              on_busy: Callable[[], None] | None = None) -> Conversion:
         """Convert an image file. With a cache, the same file sent again within ``scope``
-        (None: everyone) is answered undecoded, and the same photo before the network runs."""
+        (None: everyone) is answered undecoded, and the same photo before the network runs;
+        ``progress`` and ``on_busy``: for a picture that runs in tiles (:meth:`stylize`)."""
         style, size, fmt, options = (request.style, request.size, request.format,
                                      request.options)
         lap = _Laps()
@@ -182,16 +212,19 @@ class Converter:
         faces: int | None = None
         crops: list[tuple[float, ...]] | None = None
         if portrait == "off":
-            result = self.stylize(fitted, style.name, options.colors)
+            result = self.stylize(fitted, style.name, options.colors, progress=progress,
+                                  on_busy=on_busy)
         else:
             result, found = self._portrait(fitted, style, portrait, options.colors, lap,
-                                           work=decoded.image)
+                                           work=decoded.image, progress=progress,
+                                           on_busy=on_busy)
             faces = len(found)
             if not faces and style.face:
                 # no face: as without portrait mode, the centre square at full resolution
                 square = True
                 fitted = fit(decoded.image, size, square=True, source_size=decoded.source_size)
-                result = self.stylize(fitted, style.name, options.colors)
+                result = self.stylize(fitted, style.name, options.colors, progress=progress,
+                                      on_busy=on_busy)
             elif faces and portrait == "faces":
                 # the result is the faces side by side: so is the input it is compared with
                 fitted, crops = face_sheet(fitted, found)

@@ -1,5 +1,5 @@
-"""Where an upload goes, for the views and the CLI: a still photo is converted at once,
-an animation or a video becomes a job."""
+"""Where an upload goes, for the views and the CLI: a photo is converted at once; an
+animation, a video, or a photo that runs in tiles (long work) becomes a job."""
 
 from __future__ import annotations
 
@@ -28,16 +28,18 @@ def may_move(data: bytes) -> bool:
     return head[4:8] == b"ftyp"
 
 
-def route(data: bytes, probe: Callable[[bytes], MediaInfo] | None) -> MediaInfo | None:
-    """The probe of an animation or a video (a job), or None for a photo. A file that only
-    looked like one is left to the photo decoder; one over a job's limits, or in a
-    container we do not read (415), is refused here."""
+def route(data: bytes, probe: Callable[[bytes], MediaInfo] | None,
+          tiles: Callable[[MediaInfo], int] | None = None) -> MediaInfo | None:
+    """The probe of an animation or a video (a job), or of a photo that ``tiles`` says runs
+    in tiles (a job too; None: no size asked for may tile), or None for a photo converted
+    now. A file that only looked like one is left to the photo decoder; one over a job's
+    limits, or in a container we do not read (415), is refused here."""
     if probe is None:  # no jobs in this app: everything is a photo
         return None
     container = other_container(data)
     if container is not None:
         raise UnsupportedImage(f"{container} videos are not accepted; {MEDIA_HINT}")
-    if not may_move(data):
+    if not may_move(data) and tiles is None:
         return None
     try:
         info = probe(data)
@@ -45,4 +47,6 @@ def route(data: bytes, probe: Callable[[bytes], MediaInfo] | None) -> MediaInfo 
         raise
     except ConversionError:
         return None
-    return None if info.kind == "still" else info
+    if info.kind == "still":
+        return info if tiles is not None and tiles(info) > 0 else None
+    return info

@@ -45,10 +45,14 @@ class JobRecord:
     client: str  # keyed digest of the client's rate-limit key
     style: str
     size: int
-    kind: str  # "animation" or "video"
-    format: str  # the upload's: GIF, WEBP, PNG, MP4, ...
+    kind: str  # "animation", "video" or "photo" (a still that runs in tiles)
+    format: str  # the upload's: GIF, WEBP, PNG, MP4, JPEG, ...
     frames_total: int
     colors: str = "off"
+    portrait: str = "off"  # a photo's portrait mode
+    output_format: str | None = None  # a photo's: jpeg, png or webp
+    tiles_done: int = 0  # a photo's progress
+    tiles_total: int = 0
     frames_done: int = 0
     frames_reused: int = 0
     created_at: float = 0.0
@@ -67,10 +71,12 @@ class JobRecord:
 
     @property
     def progress(self) -> float:
-        """Frames done over frames in all, 0 to 1 (1 once done)."""
+        """Frames (a photo: tiles) done over those in all, 0 to 1 (1 once done)."""
         if self.state == JobState.DONE:
             return 1.0
-        return min(self.frames_done / self.frames_total, 1.0) if self.frames_total else 0.0
+        done, total = ((self.tiles_done, self.tiles_total) if self.kind == "photo"
+                       else (self.frames_done, self.frames_total))
+        return min(done / total, 1.0) if total else 0.0
 
     def to_bytes(self) -> bytes:
         fields = dataclasses.asdict(self)
@@ -101,13 +107,15 @@ class JobStore:
         return hmac.new(self._secret, client.encode(), hashlib.sha256).hexdigest()[:32]
 
     def create(self, data: bytes, *, client: str, style: str, size: int, kind: str,
-               format: str, frames_total: int, colors: str = "off") -> JobRecord | None:
-        """A new queued job holding ``data``; None when the storage refused it (down or full)."""
+               format: str, frames_total: int, colors: str = "off",
+               **photo: Any) -> JobRecord | None:
+        """A new queued job holding ``data`` (``photo``: a photo's fields of JobRecord);
+        None when the storage refused it (down or full)."""
         now = time.time()
         record = JobRecord(id=secrets.token_urlsafe(24), state=JobState.QUEUED,
                            client=self.client_digest(client), style=style, size=size,
                            kind=kind, format=format, frames_total=frames_total,
-                           colors=colors, created_at=now, updated_at=now)
+                           colors=colors, created_at=now, updated_at=now, **photo)
         if not self.storage.set(self._key(record.id, "input"), data, self.ttl):
             return None
         if not self.storage.set_indexed(self._key(record.id), record.to_bytes(),

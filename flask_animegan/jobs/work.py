@@ -7,17 +7,21 @@ the store, so it happens once. A job that waits with no live worker says so."""
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from typing import Any
 
 from flask import current_app
+from PIL import Image
 
 from ..config import JOB_SECONDS_PER_FRAME, JOB_STALL_SECONDS, Settings
 from ..convert.converter import Converter
 from ..convert.request import ConvertRequest, Options
 from ..errors import ConversionError, Overloaded
+from ..inputs.decoding import to_rgb
 from ..inputs.media import MediaInfo
+from ..outputs.stills import encode
 from .queues import JobQueue
 from .records import JobRecord, JobState, JobStore
 
@@ -27,6 +31,8 @@ log = logging.getLogger("flask_animegan")
 REPORT_EVERY = 0.5
 #: Runs of one job at most: the first and one after a stalled worker.
 MAX_ATTEMPTS = 2
+#: Long side of a photo job's preview.
+PREVIEW_SIDE = 512
 #: Most seconds between two sweeps of a worker.
 SWEEP_EVERY = 5.0
 STALLED = "the worker converting it stopped; send the file again"
@@ -44,6 +50,16 @@ class JobTaken(Exception):
 
 class WorkerStopping(Exception):
     """This process is exiting: the run stops between frames."""
+
+
+def preview(still: bytes, quality: int) -> bytes:
+    """A JPEG of a photo job's result at the preview's size, as an animation's preview."""
+    with Image.open(io.BytesIO(still)) as image:
+        image.draft("RGB", (PREVIEW_SIDE, PREVIEW_SIDE))  # a JPEG decodes reduced
+        image.load()
+        small = to_rgb(image)
+    small.thumbnail((PREVIEW_SIDE, PREVIEW_SIDE), Image.Resampling.LANCZOS)
+    return encode(small, "jpeg", quality)
 
 
 def run_job(job_id: str) -> None:
@@ -78,11 +94,17 @@ class Jobs:
         return self.converter.decoder.probe(data)
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
-               client: str, colors: str = "off") -> JobRecord:
-        """Make a job of a probed upload and queue it; Overloaded if the queue or store refuse."""
-        record = self.store.create(data, client=client, style=style, size=size,
-                                   kind=info.kind, format=info.format,
-                                   frames_total=info.frames, colors=colors)
+               client: str, colors: str = "off", output_format: str | None = None,
+               portrait: str = "off", tiles: int = 0) -> JobRecord:
+        """Make a job of a probed upload (a still: a photo of ``tiles`` tiles, written in
+        ``output_format``) and queue it; Overloaded if the queue or store refuse."""
+        photo = info.kind == "still"
+        record = self.store.create(
+            data, client=client, style=style, size=size,
+            kind="photo" if photo else info.kind, format=info.format,
+            frames_total=info.frames, colors=colors,
+            **({"output_format": output_format or "jpeg", "portrait": portrait,
+                "tiles_total": tiles} if photo else {}))
         if record is None:
             raise Overloaded("the job store is unavailable or full; try again in 30 s", 30)
         try:
@@ -187,6 +209,7 @@ class Jobs:
             return False
         log.warning("flask_animegan: job %s %s; queued again", record.id, why)
         record.state, record.frames_done, record.frames_reused = JobState.QUEUED, 0, 0
+        record.tiles_done = 0
         record.eta_s, record.updated_at = None, time.time()
         self.store.update(record)
         try:
@@ -260,6 +283,9 @@ class Jobs:
             self._finish(record, JobState.FAILED, INTERNAL)
 
     def _convert(self, record: JobRecord, data: bytes) -> None:
+        if record.kind == "photo":
+            self._convert_photo(record, data)
+            return
         started = time.monotonic()
         deadline = started + self.settings.job_timeout
         request = ConvertRequest(self.converter.engine.style(record.style), record.size, "jpeg",
@@ -299,6 +325,53 @@ class Jobs:
                                   "or unavailable); try again later")
         record.result_mimetype = result.mimetype
         record.frames_total = record.frames_done
+        self._finish(record, JobState.DONE, None)
+
+    def _convert_photo(self, record: JobRecord, data: bytes) -> None:
+        """A photo in tiles: the Converter's photo path, reporting tile by tile."""
+        deadline = time.monotonic() + self.settings.job_timeout
+        request = ConvertRequest(self.converter.engine.style(record.style), record.size,
+                                 record.output_format or "jpeg",
+                                 Options(colors=record.colors, portrait=record.portrait))
+        record.tiles_done = record.tiles_total = 0  # 0 in all: the photo is being read
+        self._report(record, None)
+        first_tile: float | None = None
+        last_report = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            nonlocal first_tile, last_report
+            now = time.monotonic()
+            if done == 0:  # read: the statistics pass and the tiles from here
+                first_tile = now
+            record.tiles_done, record.tiles_total = done, total
+            if self.queue.stopping:
+                raise WorkerStopping
+            if now > deadline:
+                raise ConversionError(f"the photo took longer than "
+                                      f"{self.settings.job_timeout} s; send a smaller size")
+            if done == 0 or done == total or now - last_report >= REPORT_EVERY:
+                if done and first_tile is not None:
+                    per_tile = (now - first_tile) / done
+                    record.eta_s = round(per_tile * (total - done), 1)
+                self._report(record, None)
+                last_report = time.monotonic()
+
+        def busy() -> None:  # web conversions keep the gate (local queue): wait our turn
+            if self.queue.stopping:
+                raise WorkerStopping
+            self._report(record, None)
+
+        scope = record.client if self.settings.cache_scope == "client" else None
+        conversion = self.converter.photo(data, request, scope, progress=progress,
+                                          on_busy=busy)
+        self._check_owner(record)
+        small = preview(conversion.data, self.converter.quality)
+        if not self.store.put_result(record.id, conversion.data, small):
+            raise ConversionError("the result could not be stored (the job store is full "
+                                  "or unavailable); try again later")
+        record.result_mimetype = conversion.mimetype
+        record.frames_done = 1
+        record.tiles_done = record.tiles_total
         self._finish(record, JobState.DONE, None)
 
     def _report(self, record: JobRecord, started: float | None) -> None:

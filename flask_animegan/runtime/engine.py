@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -28,7 +30,7 @@ from .generator import Generator
 from .models import LoadedStyle, LoadEvents, ModelPool
 from .precision import DTYPES, fastest
 from .styles import SHIPPED_STYLES_DIR, StyleRegistry
-from .tiles import run_tiled
+from .tiles import TileProgress, run_tiled
 from .weights import load_generator
 
 if TYPE_CHECKING:  # importing it imports openvino, an optional extra
@@ -286,25 +288,44 @@ class InferenceEngine:
                       if name.startswith("torch ")}
         return torch_only if len(torch_only) > 1 else {}
 
-    def run(self, image: Image.Image, style: str | None = None, *,
-            tiled: bool = False) -> Image.Image:
+    def run(self, image: Image.Image, style: str | None = None, *, tiled: bool = False,
+            progress: TileProgress | None = None,
+            on_busy: Callable[[], None] | None = None) -> Image.Image:
         """Convert an RGB image with ``style``, waiting for the gate; ``tiled`` runs the
-        torch network in overlapping tiles, in bounded memory."""
+        torch network in overlapping tiles, in bounded memory, taking the gate one tile at
+        a time behind the conversions waiting (``progress``: tiles done; ``on_busy``: called
+        while the gate stays busy, then the tile is tried again)."""
         chosen = self.style(style)
         pixels = np.array(image.convert("RGB") if image.mode != "RGB" else image, np.uint8)
-        with self.gate.slot():
+        with self.gate.slot(behind=tiled):
             # loading (and checking) a style runs inferences too: one at a time
             loaded = self.pool.get(chosen)
-            if tiled:
-                result = run_tiled(cast(Generator, loaded.network), pixels)
-            else:
+            if not tiled:
                 result = to_pixels(self.forward(loaded.runner, pixels))
+        if tiled:
+            result = run_tiled(cast(Generator, loaded.network), pixels, progress=progress,
+                               each=functools.partial(self._tile_slot, on_busy))
         self._release_when_idle(loaded.runner)
         if result is None:
             # never return (or cache) what broken weights make of a photo
             raise StyleUnavailable(self.pool.mark_broken(
                 chosen, f"{chosen.path}: the network's output is not finite (NaN or inf)"))
         return Image.fromarray(result)
+
+    @contextlib.contextmanager
+    def _tile_slot(self, on_busy: Callable[[], None] | None) -> Iterator[None]:
+        """The gate for one tile, behind the conversions waiting; while it stays busy,
+        ``on_busy()`` (it may raise) and again."""
+        with contextlib.ExitStack() as stack:
+            while True:
+                try:
+                    stack.enter_context(self.gate.slot(behind=True))
+                    break
+                except Overloaded:
+                    if on_busy is None:
+                        raise
+                    on_busy()
+            yield
 
     def _release_when_idle(self, runner: Runner) -> None:
         """Give OpenVINO's buffers back once no conversion has run for IDLE_RELEASE_S."""

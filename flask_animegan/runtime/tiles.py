@@ -4,8 +4,10 @@ upsampled at the whole picture's coordinates (docs/large-photos.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import cast
 
@@ -18,11 +20,14 @@ from .backends.torch import to_batch
 from .generator import Generator, InvertedResBlock, in_layout
 
 #: Core side of a tile and the context read past it on every side (multiples of 4).
-TILE = 384
+TILE = 320
 MARGIN = 48
 #: Long side of the first pass that measures the statistics.
 STATS_SIDE = 512
 
+
+#: Called with (tiles done, tiles in all); raising stops the run.
+TileProgress = Callable[[int, int], None]
 
 #: Per GroupNorm layer of one picture: the mean and variance over (C, H, W).
 Norms = dict[nn.GroupNorm, tuple[float, float]]
@@ -139,32 +144,44 @@ def _tile_forward(network: Generator, batch: torch.Tensor, whole: tuple[int, int
 
 
 def run_tiled(network: Generator, pixels: np.ndarray, *, tile: int | None = None,
-              margin: int | None = None,
-              stats_side: int | None = None) -> np.ndarray | None:
+              margin: int | None = None, stats_side: int | None = None,
+              each: Callable[[], AbstractContextManager[object]] | None = None,
+              progress: TileProgress | None = None) -> np.ndarray | None:
     """The generator on uint8 ``pixels`` tile by tile, in one tile's memory; uint8
-    (H, W, 3), or None when the output is not finite."""
+    (H, W, 3), or None when the output is not finite. ``each()`` is entered around the
+    statistics pass and around every tile (the inference slot, one tile at a time);
+    ``progress(done, total)`` is called before the statistics pass (which counts as part
+    of the first tile) and after each tile."""
     height, width = pixels.shape[:2]
     dtype = next(network.parameters()).dtype  # fp32, or bf16 for a torch bf16 runner
-    # channels-last: oneDNN's fast path; in place is safe, the gate runs one at a time
-    in_layout(network, torch.channels_last)
+    step = each or contextlib.nullcontext
+    layout = tiles(height, width, tile or TILE, margin or MARGIN)
+    result = np.empty((height, width, 3), np.uint8)
     with torch.inference_mode():
         # each GroupNorm layer's input statistics, measured on the whole (shrunk) picture
         # copies: a view of a read-only array is no tensor's to share
         small = to_batch(np.array(_shrink(pixels, stats_side or STATS_SIDE)), dtype)
         rows, cols = small.shape[2], small.shape[3]
         norms: Norms = {}
-        _tile_forward(network, small, (rows, cols), _Tile(0, rows, 0, cols, (0, rows, 0, cols)),
-                      norms, measure=True)
-        layout = tiles(height, width, tile or TILE, margin or MARGIN)
-        result = np.empty((height, width, 3), np.uint8)
-        for part in layout:
+        if progress is not None:
+            progress(0, len(layout))
+        with step():
+            # channels-last: oneDNN's fast path; every torch runner keeps it too
+            in_layout(network, torch.channels_last)
+            _tile_forward(network, small, (rows, cols),
+                          _Tile(0, rows, 0, cols, (0, rows, 0, cols)), norms, measure=True)
+        for done, part in enumerate(layout, 1):
             read = np.array(pixels[part.top:part.bottom, part.left:part.right])
-            out = _tile_forward(network, to_batch(read, dtype), (height, width), part, norms)
+            with step():
+                out = _tile_forward(network, to_batch(read, dtype), (height, width), part,
+                                    norms)
             core = to_pixels(out[0].permute(1, 2, 0).to(torch.float32).numpy())
             if core is None:
                 return None
             top, bottom, left, right = part.core
             result[top:bottom, left:right] = core
+            if progress is not None:
+                progress(done, len(layout))
     return result
 
 

@@ -266,7 +266,21 @@
     return /^video\//.test(file.type) || file.type === "image/gif" || file.type === "image/apng";
   }
 
+  // a photo that runs in tiles is a job too: its progress is in tiles, not frames
+  function describeTiles(job) {
+    var tiles = job.tiles_done + " of " + job.tiles_total + " tiles";
+    if (job.state === "queued") return "Waiting for a worker\u2026 " + job.tiles_total + " tiles to convert.";
+    if (job.state === "running" && !job.tiles_total) return "Reading the photo\u2026";
+    if (job.state === "running") {  // the tile being converted
+      return "Tile " + Math.min(job.tiles_done + 1, job.tiles_total) + " of " + job.tiles_total +
+        (job.eta_s !== null ? ", about " + Math.round(job.eta_s) + " s left" : "") + ".";
+    }
+    if (job.state === "done") return "Done: " + job.tiles_total + " tiles.";
+    return (job.state === "cancelled" ? "Cancelled after " : "Stopped after ") + tiles + ".";
+  }
+
   function describeJob(job) {
+    if (job.kind === "photo") return describeTiles(job);
     var frames = job.frames_done + " of " + job.frames_total + " frames";
     if (job.state === "queued" && job.waiting_message) return sentence(job.waiting_message);
     if (job.state === "queued") return "Waiting for a worker\u2026 " + job.frames_total + " frames to convert.";
@@ -279,8 +293,12 @@
 
   function showJob(job) {
     jobPanel.hidden = false;
-    jobBar.max = Math.max(1, job.frames_total);
-    jobBar.value = job.state === "done" ? jobBar.max : job.frames_done;
+    var photoJob = job.kind === "photo";
+    jobBar.max = Math.max(1, photoJob ? job.tiles_total : job.frames_total);
+    jobBar.value = job.state === "done" ? jobBar.max : (photoJob ? job.tiles_done : job.frames_done);
+    jobBar.setAttribute("aria-label", photoJob ? "Tiles converted" : "Frames converted");
+    document.getElementById("animegan-job-panel-title").textContent =
+      photoJob ? "Your large photo" : "Your animation or video";
     jobBar.textContent = Math.round(job.progress * 100) + " %";
     jobStatus.textContent = describeJob(job);
     jobPanel.dataset.state = job.state;
@@ -292,12 +310,13 @@
     var shown = job.kind === "video" ? video : image;
     (job.kind === "video" ? image : video).hidden = true;
     if (job.kind === "video") video.poster = job.preview_url;
-    else image.alt = "The animation in the " + job.style + " style";
+    else image.alt = "The " + (job.kind === "photo" ? "photo" : "animation") + " in the " + job.style + " style";
+    image.classList.toggle("animegan-job-photo", job.kind === "photo");
     shown.src = job.result_url;
     shown.hidden = false;
     jobPanel.querySelector(".animegan-job-result").hidden = false;
     var download = document.getElementById("animegan-job-download");
-    var ext = { "image/gif": "gif", "image/webp": "webp", "image/png": "png", "video/mp4": "mp4" };
+    var ext = { "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp", "image/png": "png", "video/mp4": "mp4" };
     download.href = job.download_url;
     download.download = stemOf(photo.name) + "-" + job.style + "." + (ext[job.result_mimetype] || "bin");
     download.hidden = false;

@@ -27,7 +27,7 @@ log = logging.getLogger("flask_animegan")
 #: Seconds the page waits before it refreshes itself, and the script between polls.
 PAGE_REFRESH_S = 2
 #: What a job result is called when downloaded, by MIME type.
-_EXTENSIONS = {"image/gif": "gif", "image/webp": "webp", "image/png": "png",
+_EXTENSIONS = {"image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp", "image/png": "png",
                "image/apng": "png", "video/mp4": "mp4"}
 _exempted: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -61,6 +61,9 @@ def describe(record: JobRecord) -> dict[str, Any]:
         "frames_done": record.frames_done,
         "frames_total": record.frames_total,
         "frames_reused": record.frames_reused,
+        # a photo's progress: the network runs it tile by tile
+        "tiles_done": record.tiles_done,
+        "tiles_total": record.tiles_total,
         "progress": round(record.progress, 4),
         "eta_s": (None if record.finished or record.eta_s is None
                   else round(record.eta_s, 1)),
@@ -104,10 +107,20 @@ def _json(payload: dict[str, Any], status: int = 200) -> Response:
 @blueprint.post("/jobs")
 def create_job() -> Response:
     data, params = uploads.read_upload()
-    record = uploads.start_job(data, params)
+    return accepted(uploads.start_job(data, params))
+
+
+def accepted(record: JobRecord) -> Response:
+    """``202 Accepted``, the job, and its URL in ``Location``: a job just queued."""
     response = _json(describe(record), 202)
     response.headers["Location"] = url_for(".job", job_id=record.id)
     return response
+
+
+@blueprint.errorhandler(uploads.Queued)
+def _queued(queued: uploads.Queued) -> Response:
+    # POST /convert with a photo that runs in tiles: answered as POST /jobs answers
+    return accepted(queued.record)
 
 
 @blueprint.get("/jobs/<job_id>")

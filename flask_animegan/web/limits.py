@@ -222,12 +222,16 @@ def charge(amount: int) -> None:
     setattr(g, _CHARGE, amount)
 
 
-def charge_pixels(size: tuple[int, int]) -> None:
-    """Charge a conversion the model made at ``size``: one per ANIMEGAN_MAX_SIDE squared
+def pixel_cost(size: tuple[int, int]) -> int:
+    """What a conversion the model makes at ``size`` costs: one per ANIMEGAN_MAX_SIDE squared
     pixels begun, capped by the smallest limit so that no photo is refused forever."""
-    service = get_service()
-    side = service.sizes.default
-    charge(min(_cap(), max(1, math.ceil(size[0] * size[1] / side ** 2))))
+    side = get_service().sizes.default
+    return min(_cap(), max(1, math.ceil(size[0] * size[1] / side ** 2)))
+
+
+def charge_pixels(size: tuple[int, int]) -> None:
+    """Charge a conversion the model made at ``size`` (:func:`pixel_cost`)."""
+    charge(pixel_cost(size))
 
 
 def _cap() -> int:

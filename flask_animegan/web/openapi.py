@@ -129,7 +129,9 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
             "summary": "Convert a photo; answers the picture", "tags": ["api"],
             "description": "The photo as multipart/form-data (field `image`, parameters in "
                            "the form or the query) or as the raw body (parameters in the "
-                           "query). An animation or a video is a 415 with `jobs_url`.",
+                           "query). An animation or a video is a 415 with `jobs_url`; a photo "
+                           "that runs in tiles (a size above ANIMEGAN_MAX_SIDE and 512) is a "
+                           "job: 202 with the job, as POST /jobs answers.",
             "parameters": conversion, "requestBody": _upload_body(form_fields=False),
             "responses": {"200": {"description": "The converted picture",
                                   "headers": {**_RATE_HEADERS,
@@ -137,6 +139,8 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
                                                                      "enum": ["HIT", "MISS"]}},
                                               "X-AnimeGAN-Style": {"schema": {"type": "string"}}},
                                   "content": _IMAGES},
+                          **_job("A photo that runs in tiles, queued as a job", "202",
+                                 headers={"Location": {"schema": {"type": "string"}}}),
                           **_REFUSALS}},
         ("animegan.styles", "get"): {
             "summary": "The styles: installed and pullable", "tags": ["api"],
@@ -164,8 +168,9 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
             "responses": {"200": {"description": "OpenAPI 3.1", "content": {
                 "application/json": {"schema": {"type": "object"}}}}}},
         ("animegan.create_job", "post"): {
-            "summary": "Convert an animation or a video as a background job", "tags": ["jobs"],
-            "parameters": [p for p in conversion if p["name"] != "portrait"],
+            "summary": "Convert an animation, a video or a photo that runs in tiles as a "
+                       "background job", "tags": ["jobs"],
+            "parameters": conversion,
             "requestBody": _upload_body(form_fields=False),
             "responses": {**_job("Queued", "202", headers={
                 "Location": {"schema": {"type": "string"}}}), **_REFUSALS}},
@@ -212,6 +217,9 @@ _COMPONENTS: dict[str, Any] = {
             "id": {"type": "string"},
             "state": {"type": "string",
                       "enum": ["queued", "running", "done", "failed", "cancelled"]},
+            "kind": {"type": "string", "enum": ["animation", "video", "photo"]},
+            "tiles_done": {"type": "integer", "description": "A photo's tiles converted"},
+            "tiles_total": {"type": "integer"},
             "progress": {"type": "number"}, "url": {"type": "string"},
             "result_url": {"type": ["string", "null"]}}},
     },

@@ -21,7 +21,7 @@ from ..jobs.queues import FULL_RETRY_AFTER
 from ..jobs.records import JobRecord
 from ..service import get_service
 from .clients import CONVERSIONS_SCOPE, client_key
-from .limits import charge, charge_pixels
+from .limits import charge, charge_pixels, pixel_cost
 
 log = logging.getLogger("flask_animegan")
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
@@ -52,14 +52,22 @@ class Upload:
     data: bytes
     params: Mapping[str, Any]
     request: ConvertRequest
-    media: MediaInfo | None  # an animation or a video: a job; None: a photo
+    media: MediaInfo | None  # an animation, a video or a photo in tiles: a job; None: a photo
+
+
+class Queued(Exception):  # an answer, not an error
+    """A job was made of the upload: web/jobs.py answers with it (202), as POST /jobs does."""
+
+    def __init__(self, record: JobRecord) -> None:
+        super().__init__(record.id)
+        self.record = record
 
 
 def receive() -> Upload:
     """Read the upload, check its parameters before anything costs CPU, and route it."""
     data, params = read_upload()
     parsed = get_service().parse(params)
-    return Upload(data, params, parsed, get_service().route(data))
+    return Upload(data, params, parsed, get_service().route(data, parsed))
 
 
 def read_upload() -> tuple[bytes, Any]:
@@ -120,12 +128,10 @@ def job_for_convert(info: MediaInfo) -> SendElsewhere:
         "its progress", jobs_url=url_for(".create_job"))
 
 
-def _charge_frames(info: MediaInfo) -> None:
-    """Count a job's frames as ``ceil(frames / N)`` conversions against the rate limit
-    (one of them flask-limiter's, after the view); TooManyJobs, costing none, if they do
-    not fit."""
+def _charge_job(cost: int, what: str, shorter: str) -> None:
+    """Count a job as ``cost`` conversions against the rate limit (one of them
+    flask-limiter's, after the view); TooManyJobs, costing none, if they do not fit."""
     service = get_service()
-    cost = math.ceil(info.frames / FRAMES_PER_CONVERSION)
     if cost <= 1:
         return
     for counted in service.limiter.current_limits:
@@ -137,35 +143,39 @@ def _charge_frames(info: MediaInfo) -> None:
             if fits:
                 counted.limiter.hit(item, *args, cost=cost - 1)
         except Exception:  # a host Limiter's storage failed: as its headers do
-            log.warning("flask_animegan: a job's frames could not be counted against the "
-                        "rate limit", exc_info=True)
+            log.warning("flask_animegan: a job could not be counted against the rate limit",
+                        exc_info=True)
             return
         if not fits:
             wait = max(1, int(item.get_expiry()))
-            what = (f"{info.frames} frames count as {cost} conversions "
-                    f"({FRAMES_PER_CONVERSION} frames each)")
             if cost > item.amount:
-                raise TooManyJobs(f"this file is too long for the rate limit: its {what}, "
-                                  f"more than the limit of {item}; send a shorter clip",
-                                  wait)
-            raise TooManyJobs(f"too many conversions from your address: this file's {what}"
-                              f" and the limit of {item} has fewer left; try again in "
-                              f"{wait} s", wait)
+                raise TooManyJobs(f"this file is too large for the rate limit: {what}, more "
+                                  f"than the limit of {item}; {shorter}", wait)
+            raise TooManyJobs(f"too many conversions from your address: {what} and the "
+                              f"limit of {item} has fewer left; try again in {wait} s", wait)
 
 
 def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = None) -> JobRecord:
-    """Check an upload at the door and queue its job; ``info``: its probe, if made already."""
+    """Check an upload at the door and queue its job: an animation, a video, or a photo
+    that runs in tiles; ``info``: its probe, if made already."""
     service = get_service()
     jobs = service.jobs
     if jobs is None:
         raise UnsupportedImage("animations and videos are off in this app; send a photo")
-    parsed = service.parse(params, media=True)
+    # a photo may ask for more than a frame: its own parse comes first, the frames' below
+    parsed = service.parse(params)
     if info is None:
         info = jobs.probe(data)
+    tiles = 0
     if info.kind == "still":
-        raise SendElsewhere(
-            "this is a still photo, not an animation or a video: send it to POST "
-            f"{url_for('.convert')}, which converts it at once", convert_url=url_for(".convert"))
+        tiles = service.converter.tiles_for((info.width, info.height), parsed)
+        if not tiles:
+            raise SendElsewhere(
+                "this is a still photo, not an animation or a video: send it to POST "
+                f"{url_for('.convert')}, which converts it at once",
+                convert_url=url_for(".convert"))
+    else:
+        parsed = service.parse(params, media=True)
     client = client_key(service.limiter)
     unfinished = jobs.unfinished(client)
     cap = service.settings.jobs_per_client
@@ -180,13 +190,23 @@ def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = N
         # before the frames are counted: a full queue costs the client one request
         raise Overloaded(f"the job queue is full ({waiting} jobs are waiting for a "
                          f"worker); try again in {FULL_RETRY_AFTER} s", FULL_RETRY_AFTER)
-    _charge_frames(info)
-    charge(1)  # the rest of the frames' conversions, taken by _charge_frames
+    if tiles:
+        # a photo job costs what the same photo costs through /convert: its pixels
+        width, height = service.converter.fitted_for((info.width, info.height), parsed)
+        _charge_job(pixel_cost((width, height)),
+                    f"a {width}×{height} picture counts as {pixel_cost((width, height))} "
+                    "conversions", "ask for a smaller size")
+    else:
+        _charge_job(math.ceil(info.frames / FRAMES_PER_CONVERSION),
+                    f"its {info.frames} frames count as "
+                    f"{math.ceil(info.frames / FRAMES_PER_CONVERSION)} conversions "
+                    f"({FRAMES_PER_CONVERSION} frames each)", "send a shorter clip")
+    charge(1)  # the rest of the job's conversions, taken by _charge_job
     record = jobs.submit(data, info, style=parsed.style.name, size=parsed.size,
-                         client=client, colors=parsed.options.colors)
+                         client=client, colors=parsed.options.colors,
+                         output_format=parsed.format, portrait=parsed.options.portrait,
+                         tiles=tiles)
     log.info("animegan.job %s", json.dumps(
-        {"event": "queued", "kind": info.kind, "format": info.format, "frames": info.frames,
-         "style": parsed.style.name, "size": parsed.size}, sort_keys=True))
+        {"event": "queued", "kind": record.kind, "format": info.format, "frames": info.frames,
+         "tiles": tiles, "style": parsed.style.name, "size": parsed.size}, sort_keys=True))
     return record
-
-

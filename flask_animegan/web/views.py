@@ -453,6 +453,9 @@ def file_response(data: bytes, mimetype: str, attachment: str | None = None) -> 
 @blueprint.post("/convert")
 def convert() -> Response:
     received = uploads.receive()
+    if received.media is not None and received.media.kind == "still":
+        # a photo that runs in tiles: a job, answered 202 as POST /jobs answers (web/jobs.py)
+        raise uploads.Queued(uploads.start_job(received.data, received.params, received.media))
     if received.media is not None:
         raise uploads.job_for_convert(received.media)
     conversion = uploads.convert_photo(received)
