@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import sys
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -115,13 +116,14 @@ def _labelling(settings: Settings) -> Labelling | None:
                     "that they are AI-generated; label them where you publish them "
                     "(docs/labels.md)")
         return None
-    from . import __version__
     from .outputs.provenance import C2paSigner
 
     signer = None
     if settings.c2pa_cert is not None and settings.c2pa_key is not None:
         signer = C2paSigner.from_files(settings.c2pa_cert, settings.c2pa_key)
-    return Labelling(f"flask-animegan {__version__}", signer)
+    # the package is imported already (this module is in it); importing it would be a cycle
+    version = sys.modules[__package__ or "flask_animegan"].__version__
+    return Labelling(f"flask-animegan {version}", signer)
 
 
 class AnimeGAN:

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 from xml.sax.saxutils import escape, quoteattr
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .provenance import C2paSigner
-
-__all__ = ["COMPOSITE", "TRAINED", "ContentLabel", "Labelling", "gif_extensions",
+__all__ = ["COMPOSITE", "TRAINED", "ContentLabel", "Labelling", "Signer", "gif_extensions",
            "jpeg_with_xmp", "mp4_xmp_box"]
 
 _CODES = "http://cv.iptc.org/newscodes/digitalsourcetype/"
@@ -112,10 +109,16 @@ def mp4_xmp_box(label: ContentLabel) -> bytes:
     return struct.pack(">I", 8 + 16 + len(xmp)) + b"uuid" + MP4_XMP_UUID + xmp
 
 
+class Signer(Protocol):
+    """What signs a still's label into it (provenance.C2paSigner)."""
+
+    def sign(self, data: bytes, mimetype: str, label: ContentLabel, upload: bytes) -> bytes: ...
+
+
 @dataclass(frozen=True)
 class Labelling:
     """What an app writes into its results: the software (name and version) and, with a
     certificate configured, the C2PA signer of its stills."""
 
     software: str
-    signer: C2paSigner | None = None
+    signer: Signer | None = None
