@@ -394,7 +394,7 @@ class Settings:
     c2pa_cert: str | None = _setting(
         None, str,
         'Path of a PEM certificate chain (the signing certificate first) that signs a C2PA '
-        'manifest into every still result; with ANIMEGAN_C2PA_KEY (docs/labels.md).',
+        'manifest into every result; with ANIMEGAN_C2PA_KEY (docs/labels.md).',
         check=_not_empty)
     c2pa_key: str | None = _setting(
         None, str,

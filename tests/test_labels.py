@@ -309,3 +309,28 @@ def test_c2pa_settings_are_checked_at_start(make_app, tmp_path):
         with pytest.raises(RuntimeError, match="configuration error") as caught:
             make_app(**config)
         assert named in str(caught.value), (config, caught.value)
+
+
+@pytest.mark.parametrize("kind", ["gif", "mp4"])
+def test_an_animation_and_a_video_carry_a_signed_c2pa_manifest(signing, kind):
+    app, ca = signing
+    upload = gif_from_photos(4) if kind == "gif" else video_clip(0.4, fps=10, audio=True)
+    result, _, style = converted_job(app.test_client(), upload)
+    mimetype = "image/gif" if kind == "gif" else "video/mp4"
+    manifest, state, results = read_manifest(result, mimetype)
+    (action,) = next(a["data"]["actions"] for a in manifest["assertions"]
+                     if a["label"].startswith("c2pa.actions"))
+    assert (action["action"], action["digitalSourceType"]) == ("c2pa.created", TRAINED)
+    assert action["softwareAgent"]["name"] == f"AnimeGANv2 style {style}"
+    (ingredient,) = manifest["ingredients"]
+    assert ingredient["instance_id"] == "sha256:" + hashlib.sha256(upload).hexdigest()
+    failures = [item["code"] for item in results["activeManifest"].get("failure", [])]
+    assert (state, failures) == ("Valid", ["signingCredential.untrusted"]), results
+    assert read_manifest(result, mimetype, ca)[1] == "Trusted"
+    if kind == "gif":  # still a GIF of every frame, its XMP beside the manifest
+        assert Image.open(io.BytesIO(result)).n_frames == 4
+        packet = result[result.index(b"XMP DataXMP") + 11:]
+        assert_labelled(xmp_fields(packet[:packet.index(b"<?xpacket end")]), style)
+    else:
+        with av.open(io.BytesIO(result)) as video:
+            assert sum(1 for _ in video.decode(video=0)) == 4 and video.streams.audio

@@ -125,13 +125,13 @@ class Converter:
             scene = self.engine.style(self.portrait.scene_style)
         return self.label(style, colors, scene)
 
-    def _signed(self, data: bytes, fmt: str, label: ContentLabel | None,
+    def _signed(self, data: bytes, mimetype: str, label: ContentLabel | None,
                 upload: bytes) -> bytes:
-        """``data`` with a C2PA manifest when a certificate is configured, signed for each
-        answer so that its ingredient is this upload, even on a cache hit."""
+        """``data`` with a C2PA manifest when a certificate is configured; a photo's is
+        signed for each answer, so that its ingredient is this upload even on a cache hit."""
         if label is None or self.labelling is None or self.labelling.signer is None:
             return data
-        return self.labelling.signer.sign(data, MIME_TYPES[fmt], label, upload)
+        return self.labelling.signer.sign(data, mimetype, label, upload)
 
     def stylize(self, picture: Image.Image, style: str, colors: str) -> Image.Image:
         """The network on ``picture`` (tiled above ``tile_above``), colours kept as asked."""
@@ -213,7 +213,7 @@ class Converter:
         if lookup is not None:
             lookup.cache.put(namespace, fingerprint, encoded, stored_size,
                              -1 if faces is None else faces, upload=upload)
-        encoded = self._signed(encoded, fmt, label, data)
+        encoded = self._signed(encoded, MIME_TYPES[fmt], label, data)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
                           cache_hit=False, face_crop=square, input_image=fitted,
                           timings=lap.timings, faces=faces, colors=options.colors)
@@ -238,7 +238,8 @@ class Converter:
 
         label = self._photo_label(style, request.options.colors,
                                   request.options.portrait_for(style), faces)
-        return Conversion(self._signed(cached.data, fmt, label, data), MIME_TYPES[fmt], fmt,
+        return Conversion(self._signed(cached.data, MIME_TYPES[fmt], label, data),
+                          MIME_TYPES[fmt], fmt,
                           style.name, out_size,
                           cache_hit=True, face_crop=square, input_image=fitted,
                           input_loader=input_image, timings=timings, faces=faces,
@@ -311,7 +312,7 @@ class Converter:
                     progress(done, reused)
             if first is None:
                 raise ConversionError("the file holds no frame to convert")
-            result = writer.finish()
+            result = self._signed(writer.finish(), mimetype, label, data)
         finally:
             writer.close()  # an abandoned result: its temporary file goes
             getattr(frames, "close", lambda: None)()  # the helper, killed

@@ -110,7 +110,7 @@ def mp4_xmp_box(label: ContentLabel) -> bytes:
 
 
 class Signer(Protocol):
-    """What signs a still's label into it (provenance.C2paSigner)."""
+    """What signs a result's label into it (provenance.C2paSigner)."""
 
     def sign(self, data: bytes, mimetype: str, label: ContentLabel, upload: bytes) -> bytes: ...
 
@@ -118,7 +118,7 @@ class Signer(Protocol):
 @dataclass(frozen=True)
 class Labelling:
     """What an app writes into its results: the software (name and version) and, with a
-    certificate configured, the C2PA signer of its stills."""
+    certificate configured, the C2PA signer of its results."""
 
     software: str
     signer: Signer | None = None

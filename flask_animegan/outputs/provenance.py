@@ -1,6 +1,6 @@
-"""C2PA manifests on still results (docs/labels.md), signed with the site's certificate and
-key: a ``c2pa.created`` action with the label's digital source type and the style as its
-software agent, the upload an ingredient known only by its SHA-256. c2pa-python is imported
+"""C2PA manifests on results (docs/labels.md), signed with the site's certificate and key:
+a ``c2pa.created`` action with the label's digital source type and the style as its software
+agent, the upload an ingredient known only by its SHA-256. c2pa-python is imported
 only when a certificate is configured (the ``c2pa`` extra)."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from .labels import ContentLabel
 __all__ = ["C2paSigner"]
 
 CERT, KEY = "ANIMEGAN_C2PA_CERT", "ANIMEGAN_C2PA_KEY"
+#: Our MIME types that c2pa knows by another name (an APNG is a PNG to it).
+C2PA_TYPES = {"image/apng": "image/png"}
 INSTALL = "pip install 'flask-animegan[c2pa]'"
 
 
@@ -32,7 +34,13 @@ def _read(key: str, path: str) -> bytes:
 def _signing(key: Any) -> tuple[str, Callable[[bytes], bytes]]:
     """The COSE algorithm of ``key`` and a function that signs with it as C2PA wants."""
     from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa, utils
+    from cryptography.hazmat.primitives.asymmetric import (
+        ec,
+        ed25519,
+        padding,
+        rsa,
+        utils,
+    )
 
     if isinstance(key, ec.EllipticCurvePrivateKey):
         curves = {"secp256r1": ("ES256", hashes.SHA256()), "secp384r1": ("ES384", hashes.SHA384()),
@@ -122,10 +130,11 @@ class C2paSigner:
                                      "(docs/labels.md)") from None
 
     def sign(self, data: bytes, mimetype: str, label: ContentLabel, upload: bytes) -> bytes:
-        """``data`` (a still of ``mimetype``) with a manifest embedded; ``upload`` enters it
+        """``data`` (a result of ``mimetype``) with a manifest embedded; ``upload`` enters it
         only as its SHA-256 (no thumbnail, none of its metadata)."""
         import c2pa
 
+        mimetype = C2PA_TYPES.get(mimetype, mimetype)
         software, _, version = label.software.partition(" ")
         manifest = {
             "claim_generator_info": [{"name": software, "version": version}],
