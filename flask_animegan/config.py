@@ -397,6 +397,20 @@ class Settings:
         90, int,
         'JPEG and WebP quality of the output.',
         low=1, high=100)
+    content_labels: bool = _setting(
+        True, bool,
+        'Write into every result that it is AI-generated (IPTC digital source type), its '
+        'style and licence, the software (docs/labels.md); false only where your own '
+        'pipeline strips metadata and labels the results elsewhere.')
+    c2pa_cert: str | None = _setting(
+        None, str,
+        'Path of a PEM certificate chain (the signing certificate first) that signs a C2PA '
+        'manifest into every result; with ANIMEGAN_C2PA_KEY (docs/labels.md).',
+        check=_not_empty)
+    c2pa_key: str | None = _setting(
+        None, str,
+        "Path of the PEM private key of ANIMEGAN_C2PA_CERT's first certificate.",
+        check=_not_empty)
     max_loaded_styles: int = _setting(
         3, int,
         'How many styles stay loaded in memory (LRU); the default style always does.',
@@ -521,6 +535,17 @@ class Settings:
                 f"ANIMEGAN_MAX_OUTPUT_SIDE={self.max_output_side} is under ANIMEGAN_MAX_SIDE="
                 f"{self.max_side}, the default size: raise it, or leave it unset for "
                 "ANIMEGAN_MAX_SIDE"))
+        if (self.c2pa_cert is None) != (self.c2pa_key is None):
+            given, missing = (("ANIMEGAN_C2PA_CERT", "ANIMEGAN_C2PA_KEY")
+                              if self.c2pa_key is None else
+                              ("ANIMEGAN_C2PA_KEY", "ANIMEGAN_C2PA_CERT"))
+            raise SettingError(missing, (
+                f"{given} is set but {missing} is not: a C2PA manifest needs both the "
+                "certificate chain and its key; set both, or neither"))
+        if self.c2pa_cert is not None and not self.content_labels:
+            raise SettingError("ANIMEGAN_CONTENT_LABELS", (
+                "ANIMEGAN_CONTENT_LABELS is off, but ANIMEGAN_C2PA_CERT asks for signed "
+                "labels: turn the labels on, or unset ANIMEGAN_C2PA_CERT and ANIMEGAN_C2PA_KEY"))
         if (self.content_block != DEFAULTS["ANIMEGAN_CONTENT_BLOCK"]
                 and self.base_template == DEFAULTS["ANIMEGAN_BASE_TEMPLATE"]):
             raise SettingError("ANIMEGAN_CONTENT_BLOCK", (
@@ -569,6 +594,9 @@ class AnimeGANOptions(TypedDict, total=False):
     max_seconds: float
     output_format: str
     jpeg_quality: int
+    content_labels: bool
+    c2pa_cert: str | None
+    c2pa_key: str | None
     max_loaded_styles: int
     warmup_size: int
     weights_base_url: str | None

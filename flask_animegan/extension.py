@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import sys
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from .jobs.queues import open_queue
 from .jobs.records import JobStore
 from .jobs.work import Jobs, run_job
 from .metrics import Metrics
+from .outputs.labels import Labelling
 from .process import configure_process
 from .runtime import tiles
 from .runtime.catalog import STYLE_NAME, known_styles
@@ -106,6 +108,24 @@ def _check_default_style(name: str | None, engine: InferenceEngine) -> None:
         f"{', '.join(sorted(engine.styles)) or 'none'})")
 
 
+def _labelling(settings: Settings) -> Labelling | None:
+    """What results say about how they were made, with the C2PA signer if configured (its
+    files checked now: ``SettingError``); None with the labels off, and a warning."""
+    if not settings.content_labels:
+        log.warning("flask_animegan: ANIMEGAN_CONTENT_LABELS is off: results carry no mark "
+                    "that they are AI-generated; label them where you publish them "
+                    "(docs/labels.md)")
+        return None
+    from .outputs.provenance import C2paSigner
+
+    signer = None
+    if settings.c2pa_cert is not None and settings.c2pa_key is not None:
+        signer = C2paSigner.from_files(settings.c2pa_cert, settings.c2pa_key)
+    # the package is imported already (this module is in it); importing it would be a cycle
+    version = sys.modules[__package__ or "flask_animegan"].__version__
+    return Labelling(f"flask-animegan {version}", signer)
+
+
 class AnimeGAN:
     """Adds photo-to-anime conversion to a Flask app.
 
@@ -150,6 +170,7 @@ class AnimeGAN:
             own = (None if ratelimit.host_limiter(app.extensions)
                    else ratelimit.own_limiter(app, settings, derived.storage))
             job_queue = open_queue(settings, derived.storage.state, partial(self._run_job, app))
+            labelling = _labelling(settings)
         except ValueError as exc:
             raise RuntimeError(f"flask_animegan configuration error: {exc}") from None
 
@@ -171,7 +192,8 @@ class AnimeGAN:
         converter = Converter(
             decoder, engine, quality=settings.jpeg_quality, cache=cache,
             # at most STATS_SIDE, the tiles' first pass would run the picture whole
-            tile_above=max(settings.max_side, tiles.STATS_SIDE), portrait=derived.portrait)
+            tile_above=max(settings.max_side, tiles.STATS_SIDE), portrait=derived.portrait,
+            labelling=labelling)
         jobs = Jobs(settings, self._job_store(settings, derived.storage, secret), job_queue,
                     converter, convert_url=f"{settings.url_prefix.rstrip('/')}/convert")
         if metrics is not None:

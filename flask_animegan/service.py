@@ -200,7 +200,7 @@ class AnimeGANService:
             styled = self.converter.stylize(fit(rgb, 2 * side, square=chosen.face), chosen.name,
                                             "off")
             small = styled.resize(target, Image.Resampling.LANCZOS)
-            sample = encode(small, "jpeg", 85)
+            sample = encode(small, "jpeg", 85, self.converter.label(chosen))
             with self._samples_lock:
                 self._samples[chosen.name] = sample
         return sample

@@ -61,6 +61,9 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
                                   "https://"],
     "ANIMEGAN_CONTENT_BLOCK": ["", "my block", "1content", "content}"],
     "ANIMEGAN_MODELS_DIR": [""],
+    # files that cannot be read, keys that do not match: tests/test_labels.py
+    "ANIMEGAN_C2PA_CERT": [""],
+    "ANIMEGAN_C2PA_KEY": [""],
     "ANIMEGAN_PORTRAIT_SCENE_STYLE": [""],  # a name that is not installed: tests/test_options.py
     "ANIMEGAN_BASE_TEMPLATE": [""],
     "ANIMEGAN_CONTENT_SECURITY_POLICY": ["default-src 'self'\nX-Injected: 1", "default-src 'self'\r",
@@ -302,6 +305,8 @@ def test_environment_values_start_an_app(tmp_path):
 @pytest.mark.parametrize("config,key", [
     ({"ANIMEGAN_CONTENT_BLOCK": "content"}, "ANIMEGAN_CONTENT_BLOCK"),
     ({"ANIMEGAN_MAX_SIDE": 512, "ANIMEGAN_MAX_OUTPUT_SIDE": 384}, "ANIMEGAN_MAX_OUTPUT_SIDE"),
+    ({"ANIMEGAN_C2PA_CERT": "chain.pem"}, "ANIMEGAN_C2PA_KEY"),
+    ({"ANIMEGAN_C2PA_KEY": "key.pem"}, "ANIMEGAN_C2PA_CERT"),
 ])
 def test_rules_between_settings_are_checked_at_start(tmp_path, config, key):
     with pytest.raises(RuntimeError, match=key):
@@ -366,9 +371,9 @@ def test_config_changed_after_init_app_is_not_read(tmp_path):
 
 
 # -- the registry's size, old names, gunicorn's settings, the derived groups ----------------
-def test_the_registry_is_one_list_of_at_most_55_names():
+def test_the_registry_is_one_list_of_at_most_58_names():
     names = [s.name for s in REGISTRY]
-    assert len(names) == len(set(names)) <= 55
+    assert len(names) == len(set(names)) <= 58
     assert not set(ALIASES) & set(names)  # an old name is no setting
     assert all(alias.new in names for alias in ALIASES.values() if alias.new)
     # AnimeGAN(**options) is typed by a TypedDict kept equal to the app's fields

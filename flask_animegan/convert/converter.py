@@ -16,6 +16,7 @@ from ..errors import ConversionError, Overloaded
 from ..inputs.decoding import fit, fitted_size, to_rgb
 from ..inputs.isolation import Decoder
 from ..inputs.media import Frame, MediaInfo
+from ..outputs.labels import COMPOSITE, TRAINED, ContentLabel, Labelling
 from ..outputs.stills import MIME_TYPES, encode
 from ..runtime import tiles as tiling
 from ..runtime.catalog import StyleInfo
@@ -92,7 +93,8 @@ class Converter:
     def __init__(self, decoder: Decoder, engine: InferenceEngine, *, quality: int,
                  cache: NearDuplicateCache | None = None,
                  portrait: PortraitLimits | None = None,
-                 tile_above: int | None = None, audio_timeout: float | None = None) -> None:
+                 tile_above: int | None = None, audio_timeout: float | None = None,
+                 labelling: Labelling | None = None) -> None:
         self.decoder = decoder
         self.engine = engine
         self.quality = quality
@@ -103,6 +105,39 @@ class Converter:
         self.audio_timeout = audio_timeout
         #: reuse the result of a frame that repeats the last one (off: the bench's baseline)
         self.reuse_repeats = True
+        #: what results say about how they were made (None: ANIMEGAN_CONTENT_LABELS off)
+        self.labelling = labelling
+
+    def label(self, style: StyleInfo, colors: str = "off",
+              scene: StyleInfo | None = None) -> ContentLabel | None:
+        """What a result of ``style`` (faces pasted on a ``scene`` of another style) says
+        about how it was made; None with labels off. Only the photo's own colours (``keep``)
+        make it a composite: portrait mode converts the scene too."""
+        if self.labelling is None:
+            return None
+        name, licence = style.name, style.licence
+        if scene is not None and scene.name != style.name:
+            name = f"{style.name} (faces), {scene.name} (scene)"
+            if scene.licence != style.licence:
+                licence = f"{style.licence} (faces), {scene.licence} (scene)"
+        return ContentLabel(COMPOSITE if colors == "keep" else TRAINED, name, licence,
+                            self.labelling.software)
+
+    def _photo_label(self, style: StyleInfo, colors: str, portrait: str,
+                     faces: int | None) -> ContentLabel | None:
+        """A photo's label: a face style's faces on the scene style name both styles."""
+        scene = None
+        if faces and portrait != "faces" and style.face:
+            scene = self.engine.style(self.portrait.scene_style)
+        return self.label(style, colors, scene)
+
+    def _signed(self, data: bytes, mimetype: str, label: ContentLabel | None,
+                upload: bytes) -> bytes:
+        """``data`` with a C2PA manifest when a certificate is configured; a photo's is
+        signed for each answer, so that its ingredient is this upload even on a cache hit."""
+        if label is None or self.labelling is None or self.labelling.signer is None:
+            return data
+        return self.labelling.signer.sign(data, mimetype, label, upload)
 
     def stylize(self, picture: Image.Image, style: str, colors: str, *,
                 progress: TileProgress | None = None,
@@ -179,7 +214,9 @@ class Converter:
         lap = _Laps()
         portrait = options.portrait_for(style)
         square = style.face and portrait == "off"
-        namespace = (scope, style.name, size, fmt, options.colors, portrait)
+        # a cached result carries its labels: they part the entries as the options do
+        labels = self.labelling.software if self.labelling is not None else ""
+        namespace = (scope, style.name, size, fmt, options.colors, portrait, labels)
         lookup: Lookup | None = None
         upload = b""
         if self.cache is not None:
@@ -229,11 +266,13 @@ class Converter:
                 # the result is the faces side by side: so is the input it is compared with
                 fitted, crops = face_sheet(fitted, found)
         lap("infer")
-        encoded = encode(result, fmt, self.quality)
+        label = self._photo_label(style, options.colors, portrait, faces)
+        encoded = encode(result, fmt, self.quality, label)
         lap("encode")
         if lookup is not None:
             lookup.cache.put(namespace, fingerprint, encoded, stored_size,
                              -1 if faces is None else faces, upload=upload)
+        encoded = self._signed(encoded, MIME_TYPES[fmt], label, data)
         return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
                           cache_hit=False, face_crop=square, input_image=fitted,
                           timings=lap.timings, faces=faces, colors=options.colors,
@@ -265,7 +304,11 @@ class Converter:
             picture = fit(decoded.image, size, source_size=decoded.source_size)
             return face_sheet(picture, self.find_faces(picture, decoded.image))[0]
 
-        return Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
+        label = self._photo_label(style, request.options.colors,
+                                  request.options.portrait_for(style), faces)
+        return Conversion(self._signed(cached.data, MIME_TYPES[fmt], label, data),
+                          MIME_TYPES[fmt], fmt,
+                          style.name, out_size,
                           cache_hit=True, face_crop=square, input_image=fitted,
                           input_loader=input_image, timings=timings, faces=faces,
                           colors=request.options.colors)
@@ -320,10 +363,11 @@ class Converter:
             raise ConversionError("animations and videos need PyAV on this server: pip "
                                   "install 'flask-animegan[jobs]'") from exc
         style = request.style
+        label = self.label(style, request.options.colors)
         writer, mimetype = encoders.writer_for(
             info, lambda: self.decoder.audio(
                 data, info, timeout=self.audio_timeout or encoders.AUDIO_TIMEOUT_S),
-            quality=self.quality)
+            quality=self.quality, label=label)
         frames = self.decoder.frames(data, info, size=request.size, square=style.face,
                                      total_timeout=timeout_total)
         done = reused = 0
@@ -338,11 +382,11 @@ class Converter:
                     progress(done, reused)
             if first is None:
                 raise ConversionError("the file holds no frame to convert")
-            result = writer.finish()
+            result = self._signed(writer.finish(), mimetype, label, data)
         finally:
             writer.close()  # an abandoned result: its temporary file goes
             getattr(frames, "close", lambda: None)()  # the helper, killed
-        return MediaResult(result, mimetype, encoders.preview(first, self.quality))
+        return MediaResult(result, mimetype, encoders.preview(first, self.quality, label))
 
 
 def strip(crops: list[Image.Image]) -> Image.Image:

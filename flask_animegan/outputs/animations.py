@@ -22,6 +22,7 @@ from PIL import GifImagePlugin, Image
 from ..errors import ConversionError
 from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack
 from . import stills as formats
+from .labels import ContentLabel, gif_extensions, mp4_xmp_box
 
 if TYPE_CHECKING:
     from av.audio.stream import AudioStream
@@ -63,8 +64,9 @@ class FrameWriter(Protocol):
 
 
 def writer_for(info: MediaInfo, read_audio: Callable[[], AudioTrack | None] | None, *,
-               quality: int) -> tuple[FrameWriter, str]:
-    """The writer for ``info`` and its MIME type; unreadable audio is left out and logged."""
+               quality: int, label: ContentLabel | None = None) -> tuple[FrameWriter, str]:
+    """The writer for ``info`` and its MIME type, writing ``label`` into the result;
+    unreadable audio is left out and logged."""
     if info.kind == "video":
         track, error = None, None
         if info.has_audio and read_audio is not None:
@@ -79,21 +81,22 @@ def writer_for(info: MediaInfo, read_audio: Callable[[], AudioTrack | None] | No
             elif track is not None and not track.complete:
                 log.warning("the source's audio had damaged packets: the MP4 is written "
                             "without them")
-        return Mp4Writer(track, fps=info.fps, quality=quality, audio_error=error), "video/mp4"
+        return (Mp4Writer(track, fps=info.fps, quality=quality, audio_error=error, label=label),
+                "video/mp4")
     if info.kind != "animation":
         raise ValueError(f"no frame writer for a {info.kind}: stills take the photo path")
     if info.format == "GIF":
-        return GifWriter(loop=info.loop), "image/gif"
+        return GifWriter(loop=info.loop, label=label), "image/gif"
     if info.format == "WEBP":
-        return WebPWriter(loop=info.loop, quality=quality), "image/webp"
+        return WebPWriter(loop=info.loop, quality=quality, label=label), "image/webp"
     if info.format == "PNG":
-        return ApngWriter(loop=info.loop), "image/apng"
+        return ApngWriter(loop=info.loop, label=label), "image/apng"
     raise ValueError(f"no frame writer for {info.format} animations")
 
 
-def preview(image: Image.Image, quality: int) -> bytes:
-    """The job's preview still: a converted frame as JPEG."""
-    return formats.encode(image.convert("RGB"), "jpeg", quality)
+def preview(image: Image.Image, quality: int, label: ContentLabel | None = None) -> bytes:
+    """The job's preview still: a converted frame as JPEG, labelled as the result is."""
+    return formats.encode(image.convert("RGB"), "jpeg", quality, label)
 
 
 class _StreamedFile:
@@ -123,9 +126,10 @@ class _StreamedFile:
 class GifWriter:
     """GIF89a, a palette per frame, undithered so no pattern crawls; ``loop`` None: plays once."""
 
-    def __init__(self, *, loop: int | None) -> None:
+    def __init__(self, *, loop: int | None, label: ContentLabel | None = None) -> None:
         self._out = _StreamedFile()
         self._loop = loop
+        self._label = label
 
     def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,
             pts: float | None = None) -> None:
@@ -147,6 +151,8 @@ class GifWriter:
         if self._loop is not None:
             header += (b"!\xff\x0bNETSCAPE2.0\x03\x01"
                        + struct.pack("<H", min(max(self._loop, 0), 0xFFFF)) + b"\x00")
+        if self._label is not None:
+            header += gif_extensions(self._label)
         return header
 
     def finish(self) -> bytes:
@@ -178,10 +184,12 @@ def _u24(value: int) -> bytes:
 class WebPWriter:
     """Animated WebP: each frame a lossy WebP still in its own ANMF chunk, no blending."""
 
-    def __init__(self, *, loop: int | None, quality: int) -> None:
+    def __init__(self, *, loop: int | None, quality: int,
+                 label: ContentLabel | None = None) -> None:
         self._out = _StreamedFile()
         self._loop = 0 if loop is None else min(max(loop, 0), 0xFFFF)
         self._quality = quality
+        self._xmp = label.xmp() if label is not None else None
 
     def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,
             pts: float | None = None) -> None:
@@ -189,8 +197,9 @@ class WebPWriter:
         width, height = image.size
         if not self._out.frames:
             # the RIFF size is patched by finish()
+            flags = 0x02 | (0x04 if self._xmp else 0)  # animation; XMP (after the frames)
             self._out.file.write(b"RIFF\0\0\0\0WEBP"
-                                 + _riff_chunk(b"VP8X", b"\x02\0\0\0" + _u24(width - 1)
+                                 + _riff_chunk(b"VP8X", bytes([flags, 0, 0, 0]) + _u24(width - 1)
                                                + _u24(height - 1))
                                  + _riff_chunk(b"ANIM", b"\xff\xff\xff\xff"
                                                + struct.pack("<H", self._loop)))
@@ -207,6 +216,8 @@ class WebPWriter:
         self._out.frames += 1
 
     def finish(self) -> bytes:
+        if self._out.frames and self._xmp:
+            self._out.file.write(_riff_chunk(b"XMP ", self._xmp))
         size = self._out.file.tell()
         if self._out.frames:
             self._out.file.seek(4)
@@ -225,9 +236,10 @@ def _png_chunk(kind: bytes, payload: bytes) -> bytes:
 class ApngWriter:
     """APNG: each frame's PNG encoding, the first as IDAT so viewers without APNG show it."""
 
-    def __init__(self, *, loop: int | None) -> None:
+    def __init__(self, *, loop: int | None, label: ContentLabel | None = None) -> None:
         self._out = _StreamedFile()
         self._loop = 0 if loop is None else max(loop, 0)
+        self._xmp = label.xmp() if label is not None else None
         self._sequence = 0
         self._actl_at = 0
 
@@ -271,6 +283,8 @@ class ApngWriter:
     def finish(self) -> bytes:
         file = self._out.file
         if self._out.frames:
+            if self._xmp:  # iTXt: keyword, no compression, no language, no translation
+                file.write(_png_chunk(b"iTXt", b"XML:com.adobe.xmp\0\0\0\0\0" + self._xmp))
             file.write(_png_chunk(b"IEND", b""))
             file.seek(self._actl_at)
             file.write(_png_chunk(b"acTL", struct.pack(">II", self._out.frames, self._loop)))
@@ -304,8 +318,9 @@ class Mp4Writer:
     :data:`AUDIO_OVERRUN_S` after the last frame. One libx264 thread: the cores are the model's."""
 
     def __init__(self, audio: AudioTrack | None, *, fps: float | None = None, quality: int,
-                 audio_error: str | None = None) -> None:
+                 audio_error: str | None = None, label: ContentLabel | None = None) -> None:
         self._crf = crf_for(quality)
+        self._label = label
         self._rate = Fraction(fps).limit_denominator(1001) if fps and fps > 0 else Fraction(25)
         self._source: InputContainer | None = None
         self._in_audio: AudioStream | None = None
@@ -337,6 +352,8 @@ class Mp4Writer:
 
     def _open(self, width: int, height: int) -> None:
         out = av.open(self._file.name, "w", format="mp4", options={"movflags": "+faststart"})
+        if self._label is not None:
+            out.metadata.update(self._label.tags())
         video = out.add_stream("libx264", rate=self._rate)
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         context = video.codec_context
@@ -415,7 +432,9 @@ class Mp4Writer:
             self._out.close()
             self._out = None
             self._file.seek(0)
-            return self._file.read()
+            data = self._file.read()
+            # XMP in a top-level box after the rest: faststart has put the index first
+            return data + mp4_xmp_box(self._label) if self._label is not None else data
         finally:
             self.close()
 
