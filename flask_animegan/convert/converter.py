@@ -21,6 +21,7 @@ from ..runtime.catalog import StyleInfo
 from . import repeats
 from .colors import keep_colors
 from .request import ConvertRequest
+from .strength import FULL, mix_strength
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..cache import CachedResult, NearDuplicateCache
@@ -42,6 +43,9 @@ class Conversion:
     faces: int | None = None  # None: portrait mode did not run
     colors: str = "off"
     timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
+    strength: int = FULL
+    #: the full-strength result (what the cache keeps); ``data`` is it mixed at ``strength``
+    full_data: bytes = field(default=b"", repr=False)
     #: the fitted input; a cache hit decodes it only if the result page asks
     input_image: Image.Image | None = field(default=None, repr=False)
     input_loader: Callable[[], Image.Image] | None = field(default=None, repr=False)
@@ -52,6 +56,10 @@ class Conversion:
             assert self.input_loader is not None
             self.input_image = self.input_loader()
         return self.input_image
+
+    def full(self) -> bytes:
+        """The result at full strength (``data`` itself unless a strength was asked)."""
+        return self.full_data or self.data
 
 
 @dataclass
@@ -172,12 +180,37 @@ class Converter:
         lap("infer")
         encoded = encode(result, fmt, self.quality)
         lap("encode")
-        if lookup is not None:
+        if lookup is not None:  # at full strength: every strength is mixed from it
             lookup.cache.put(namespace, fingerprint, encoded, stored_size,
                              -1 if faces is None else faces, upload=upload)
-        return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
-                          cache_hit=False, face_crop=square, input_image=fitted,
-                          timings=lap.timings, faces=faces, colors=options.colors)
+        conversion = Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
+                                cache_hit=False, face_crop=square, input_image=fitted,
+                                timings=lap.timings, faces=faces, colors=options.colors)
+        return self._at_strength(conversion, options.strength, result)
+
+    def _at_strength(self, conversion: Conversion, strength: int,
+                     result: Image.Image | None = None) -> Conversion:
+        """``conversion`` mixed with its input at ``strength`` (no inference): its ``data``
+        re-encoded, the full-strength result kept in ``full_data``."""
+        if strength == FULL:
+            return conversion
+        started = time.perf_counter()
+        conversion.full_data, conversion.strength = conversion.data, strength
+        conversion.data = self.remix(result or conversion.data, conversion.input(), strength,
+                                     conversion.format)
+        conversion.timings["strength"] = round((time.perf_counter() - started) * 1000, 2)
+        return conversion
+
+    def remix(self, result: bytes | Image.Image, photo: Image.Image, strength: int,
+              fmt: str) -> bytes:
+        """A full-strength ``result`` (encoded, or pixels) of ``photo`` mixed at ``strength``
+        and encoded as ``fmt``: what a change of strength costs instead of an inference."""
+        if isinstance(result, bytes):
+            with Image.open(io.BytesIO(result)) as stored:
+                pixels = stored.convert("RGB")
+        else:
+            pixels = result
+        return encode(mix_strength(pixels, photo, strength), fmt, self.quality)
 
     def _cached(self, data: bytes, cached: CachedResult, request: ConvertRequest,
                 square: bool, fitted: Image.Image | None,
@@ -197,10 +230,11 @@ class Converter:
         def input_image() -> Image.Image:
             return self.decoder.decode(data, size=size, square=square).image
 
-        return Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
-                          cache_hit=True, face_crop=square, input_image=fitted,
-                          input_loader=input_image, timings=timings, faces=faces,
-                          colors=request.options.colors)
+        conversion = Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
+                                cache_hit=True, face_crop=square, input_image=fitted,
+                                input_loader=input_image, timings=timings, faces=faces,
+                                colors=request.options.colors)
+        return self._at_strength(conversion, request.options.strength)
 
     def image(self, image: Image.Image, request: ConvertRequest) -> Image.Image:
         """Convert a PIL image (any mode) already in memory; no decode, no cache."""
@@ -211,15 +245,17 @@ class Converter:
             picture = fit(rgb, request.size)
             result, faces = self._portrait(picture, style, portrait, options.colors, _Laps())
             if faces or not style.face:
-                return result
+                return mix_strength(result, picture, options.strength)
         picture = fit(rgb, request.size, square=style.face)
-        return self.stylize(picture, style.name, options.colors)
+        return mix_strength(self.stylize(picture, style.name, options.colors), picture,
+                            options.strength)
 
     def frames(self, frames: Iterator[Frame], style: str, colors: str,
-               on_busy: Callable[[], None] | None = None,
+               on_busy: Callable[[], None] | None = None, strength: int = FULL,
                ) -> Iterator[tuple[Frame, Image.Image, bool]]:
-        """Each frame, its converted picture, and whether it reused the last one's; while the
-        model's queue is full, ``on_busy`` is called (it may raise) and the frame retried."""
+        """Each frame, its converted picture (mixed at ``strength``), and whether it reused
+        the last one's; while the model's queue is full, ``on_busy`` is called (it may
+        raise) and the frame retried."""
         anchor: repeats.Picture | None = None  # the last frame converted
         converted: Image.Image | None = None
         for frame in frames:
@@ -230,7 +266,8 @@ class Converter:
                 continue
             while True:
                 try:
-                    converted = self.stylize(frame.image, style, colors)
+                    converted = mix_strength(self.stylize(frame.image, style, colors),
+                                             frame.image, strength)
                     break
                 except Overloaded:
                     if on_busy is None:
@@ -260,7 +297,8 @@ class Converter:
         first: Image.Image | None = None
         try:
             for frame, picture, again in self.frames(frames, style.name,
-                                                     request.options.colors, on_busy):
+                                                     request.options.colors, on_busy,
+                                                     request.options.strength):
                 first = first or picture
                 writer.add(picture, frame.duration_ms, frame.disposal, pts=frame.pts)
                 done, reused = done + 1, reused + again

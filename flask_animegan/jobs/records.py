@@ -49,6 +49,7 @@ class JobRecord:
     format: str  # the upload's: GIF, WEBP, PNG, MP4, ...
     frames_total: int
     colors: str = "off"
+    strength: int = 100  # percent of the style, mixed into each frame
     frames_done: int = 0
     frames_reused: int = 0
     created_at: float = 0.0
@@ -101,13 +102,14 @@ class JobStore:
         return hmac.new(self._secret, client.encode(), hashlib.sha256).hexdigest()[:32]
 
     def create(self, data: bytes, *, client: str, style: str, size: int, kind: str,
-               format: str, frames_total: int, colors: str = "off") -> JobRecord | None:
+               format: str, frames_total: int, colors: str = "off",
+               strength: int = 100) -> JobRecord | None:
         """A new queued job holding ``data``; None when the storage refused it (down or full)."""
         now = time.time()
         record = JobRecord(id=secrets.token_urlsafe(24), state=JobState.QUEUED,
                            client=self.client_digest(client), style=style, size=size,
                            kind=kind, format=format, frames_total=frames_total,
-                           colors=colors, created_at=now, updated_at=now)
+                           colors=colors, strength=strength, created_at=now, updated_at=now)
         if not self.storage.set(self._key(record.id, "input"), data, self.ttl):
             return None
         if not self.storage.set_indexed(self._key(record.id), record.to_bytes(),

@@ -73,11 +73,12 @@ class Jobs:
         return self.converter.decoder.probe(data)
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
-               client: str, colors: str = "off") -> JobRecord:
+               client: str, colors: str = "off", strength: int = 100) -> JobRecord:
         """Make a job of a probed upload and queue it; Overloaded if the queue or store refuse."""
         record = self.store.create(data, client=client, style=style, size=size,
                                    kind=info.kind, format=info.format,
-                                   frames_total=info.frames, colors=colors)
+                                   frames_total=info.frames, colors=colors,
+                                   strength=strength)
         if record is None:
             raise Overloaded("the job store is unavailable or full; try again in 30 s", 30)
         try:
@@ -197,7 +198,8 @@ class Jobs:
         started = time.monotonic()
         deadline = started + self.settings.job_timeout
         request = ConvertRequest(self.converter.engine.style(record.style), record.size, "jpeg",
-                                 Options(colors=record.colors, portrait="off"))
+                                 Options(colors=record.colors, portrait="off",
+                                         strength=record.strength))
         info = self.probe(data)
         if info.kind == "still":
             raise ConversionError("this is a still photo, not an animation or a video: "

@@ -183,7 +183,8 @@ def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = N
     _charge_frames(info)
     charge(1)  # the rest of the frames' conversions, taken by _charge_frames
     record = jobs.submit(data, info, style=parsed.style.name, size=parsed.size,
-                         client=client, colors=parsed.options.colors)
+                         client=client, colors=parsed.options.colors,
+                         strength=parsed.options.strength)
     log.info("animegan.job %s", json.dumps(
         {"event": "queued", "kind": info.kind, "format": info.format, "frames": info.frames,
          "style": parsed.style.name, "size": parsed.size}, sort_keys=True))
