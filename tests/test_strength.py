@@ -131,3 +131,48 @@ def test_cli_strength(app, tmp_path):
     refused = app.test_cli_runner().invoke(args=[
         "animegan", "convert", str(source), "-o", str(tmp_path / "x"), "--strength", "101"])
     assert refused.exit_code == 2 and "--strength" in refused.output
+
+
+def test_frames_photos_and_images_are_mixed_alike(app):
+    """One infer stage: a GIF's frames at a strength and each frame converted alone at it
+    give the same pixels; AnimeGANService.convert takes it too."""
+    from media import gif_from_photos
+
+    from flask_animegan.convert.request import ConvertRequest, Options
+
+    service = app.extensions["animegan"]
+    converter = service.converter
+    gif = gif_from_photos(3, size=(96, 64))
+    frames = list(converter.decoder.frames(gif, converter.decoder.probe(gif), size=96))
+    style = service.engine.style("test_style")
+    request = ConvertRequest(style, 96, "png", Options(portrait="off", strength=40))
+    for frame, picture, _ in converter.frames(iter(frames), style.name, "off", strength=40):
+        alone = converter.image(frame.image, request)
+        assert np.array_equal(np.asarray(alone), np.asarray(picture))
+    with app.app_context():
+        zero = service.convert(photo("coffee"), style="test_style", size=96, strength=0)
+        full = service.convert(photo("coffee"), style="test_style", size=96)
+    fitted = fit(photo("coffee"), 96)
+    assert distance(zero, fitted) < 1.0 < distance(full, fitted)
+
+
+def test_a_job_mixes_every_frame(make_app):
+    from media import gif_from_photos
+    from test_jobs_api import post_job, wait_for
+
+    client = make_app().test_client()
+    gif = gif_from_photos(3, size=(64, 48))
+    firsts = {}
+    for strength in ("0", "100"):
+        answer = post_job(client, gif, strength=strength, size="64")
+        assert answer.status_code == 202, answer.get_json()
+        done = wait_for(client, answer.headers["Location"])[-1]
+        assert done["state"] == "done", done
+        with Image.open(io.BytesIO(client.get(done["result_url"]).data)) as result:
+            firsts[strength] = result.convert("RGB")
+    with Image.open(io.BytesIO(gif)) as source:
+        frame = source.convert("RGB")
+    # GIF's palette on both sides: the photo within a few units, the style far from it
+    assert distance(firsts["0"], frame) < 4.0 < distance(firsts["100"], frame)
+    bad = post_job(client, gif, strength="x")
+    assert bad.status_code == 400 and "strength" in bad.get_json()["error"]
