@@ -68,7 +68,7 @@ def canvas_at(driver, percent: int) -> Image.Image:
 
 
 def test_the_slider_previews_without_a_request_and_the_download_is_the_servers_mix(
-        server, browser, astronaut_file):
+        server, browser, astronaut_file):  # noqa: F811
     driver = browser()
     driver.get(f"{server.url}/animegan/")
     by_id(driver, "animegan-image").send_keys(str(astronaut_file))

@@ -196,8 +196,8 @@ class Converter:
             return conversion
         started = time.perf_counter()
         conversion.full_data, conversion.strength = conversion.data, strength
-        conversion.data = self.remix(result or conversion.data, conversion.input(), strength,
-                                     conversion.format)
+        conversion.data = self.remix(conversion.data if result is None else result,
+                                     conversion.input(), strength, conversion.format)
         conversion.timings["strength"] = round((time.perf_counter() - started) * 1000, 2)
         return conversion
 

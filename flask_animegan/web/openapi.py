@@ -11,8 +11,8 @@ from flask import Response, current_app, jsonify, request
 
 from ..config import OUTPUT_FORMATS
 from ..convert.colors import COLOR_MODES
-from ..convert.strength import FULL
 from ..convert.request import PORTRAIT_MODES
+from ..convert.strength import FULL
 from ..service import get_service
 from .blueprint import blueprint
 
@@ -125,7 +125,9 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
                               "content": _HTML["content"]}}},
         ("animegan.result", "get"): {
             "summary": "A result page", "tags": ["pages"], "parameters": [token, _strength()],
-            "responses": {"200": _HTML, "404": _PAGE_404}},
+            "responses": {"200": _HTML, "404": _PAGE_404,
+                          "400": {"description": "The upload page with the error",
+                                  "content": _HTML["content"]}}},
         ("animegan.result_image", "get"): {
             "summary": "A result page's picture: the photo as sent, or the anime one",
             "tags": ["pages"],
