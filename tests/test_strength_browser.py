@@ -106,3 +106,39 @@ def test_the_slider_previews_without_a_request_and_the_download_is_the_servers_m
     # the page's preview is the server's mix, give or take JPEG and the blur's edges
     assert distance(served, previews[70]) < 3.0, distance(served, previews[70])
     assert "70 %" in by_id(driver, "animegan-status").text
+
+
+def test_the_result_page_slider_with_and_without_javascript(server, browser,  # noqa: F811
+                                                            astronaut_file):
+    from selenium.webdriver.common.keys import Keys
+
+    plain = browser(javascript=False)
+    plain.get(f"{server.url}/animegan/")
+    by_id(plain, "animegan-image").send_keys(str(astronaut_file))
+    choose_size(plain, 256)
+    by_id(plain, "animegan-submit").click()
+    wait_for(lambda: "/animegan/result/" in plain.current_url, what="the result page")
+    page = plain.current_url
+    # without JavaScript the slider is a form: Apply reloads the page at that strength
+    by_id(plain, "animegan-strength").send_keys(*[Keys.ARROW_LEFT] * 60)
+    plain.find_element("css selector", ".animegan-strength button").click()
+    wait_for(lambda: plain.current_url.endswith("?strength=40"), 10, "the page at 40 %")
+    result = by_id(plain, "animegan-result")
+    assert result.get_attribute("src").endswith("/anime?strength=40")
+    assert by_id(plain, "animegan-download").get_attribute("href").endswith(
+        "/anime?download=1&strength=40")
+    assert plain.find_element("css selector", ".animegan-strength-value").text == "40 %"
+
+    # with JavaScript the same page previews in place and its download follows the slider
+    driver = browser()
+    driver.get(page)
+    assert not driver.find_element("css selector", ".animegan-strength button").is_displayed()
+    slider = by_id(driver, "animegan-strength")
+    slider.send_keys(*[Keys.ARROW_LEFT] * 20)
+    wait_for(lambda: by_id(driver, "animegan-download").get_attribute("href").endswith(
+        "/anime?download=1&strength=80"), 10, "the download at 80 %")
+    wait_for(lambda: driver.execute_script(
+        "return !document.querySelector('.animegan-strength-canvas').hidden"), 20,
+        "the preview")
+    assert driver.current_url == page  # no reload
+    assert driver.execute_script(CONVERT_REQUESTS) == 0
