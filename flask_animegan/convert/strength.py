@@ -5,7 +5,7 @@ The mix is in CIELAB: a* and b* move from the photo's to the result's; L* is spl
 base (a Gaussian blur, sigma growing with the picture) and detail, the base moving as the
 colours do while the photo's detail fades faster than the result's lines come in, so that a
 weaker style looks flatter and less drawn rather than like two pictures laid over each other
-(docs/strength.md shows the methods compared). static/animegan.js does the same per pixel."""
+(docs/http-api.md, "Strength", compares the methods). static/animegan.js does the same."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ BAND_PIXELS = 1 << 17
 
 
 def blur_radius(size: tuple[int, int]) -> float:
-    """The Gaussian's sigma that splits L* into base and detail, in pixels: 1 up to 256 px,
-    then growing with the long side, as the style's lines do."""
+    """The Gaussian's sigma that splits L* into base and detail, in pixels: growing with
+    the long side, as the style's lines do."""
     return max(1.0, max(size) / 256)
 
 
