@@ -133,11 +133,11 @@ class AnimeGANService:
 
     def convert(self, image: Image.Image, style: str | None = None,
                 size: int | None = None, colors: str | None = None,
-                portrait: str | None = None) -> Image.Image:
+                portrait: str | None = None, strength: int | None = None) -> Image.Image:
         """Convert a PIL image (any mode) with ``style`` at long side ``size``, with the
-        options ``colors`` and ``portrait``; no cache."""
+        options ``colors``, ``portrait`` and ``strength``; no cache."""
         request = self.parse({"style": style, "size": size, "colors": colors,
-                              "portrait": portrait})
+                              "portrait": portrait, "strength": strength})
         self._ready()
         return self.converter.image(image, request)
 

@@ -150,7 +150,8 @@ def test_a_word_parameter_is_refused_exactly_when_the_document_refuses_it(client
         assert f"{name} must be" in response.get_data(as_text=True).lower()
 
 
-@pytest.mark.parametrize("name", ["style", "size", "format", "colors", "portrait"])
+@pytest.mark.parametrize("name", ["style", "size", "format", "colors", "portrait",
+                                  "strength"])
 def test_an_empty_conversion_parameter_is_its_default_as_the_document_says(client, name):
     document = client.get("/animegan/openapi.json").json
     for path in ("/animegan/convert", "/animegan/jobs"):  # (/upload: form fields)

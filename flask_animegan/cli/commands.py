@@ -176,12 +176,15 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
               default="auto", show_default=True,
               help="Portrait mode: find the faces and convert each on its own (auto: with "
                    "the face styles); faces: write only the faces, side by side.")
+@click.option("--strength", type=click.IntRange(0, 100), default=100, show_default=True,
+              help="Percent of the style: lower keeps more of the photo (mixed after the "
+                   "conversion, as the API's strength).")
 @click.option("--overwrite", is_flag=True,
               help="Convert again files already converted (replacing what is there, "
                    "a symlink included, never writing through it).")
 def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
                     size: int | None, fmt: str | None, colors: str, portrait: str,
-                    overwrite: bool) -> None:
+                    strength: int, overwrite: bool) -> None:
     """Convert image files, animations, videos and folders (not recursive) into OUT.
 
     photo.jpg -> OUT/photo.paprika.jpeg, existing outputs skipped; exit status 1 if any
@@ -192,7 +195,8 @@ def convert_command(inputs: tuple[Path, ...], out_dir: Path, style: str | None,
       flask --app example_app animegan convert holiday/ cat.gif -o anime/ --style paprika
     """
     service = get_service()
-    params = {"style": style, "size": size, "format": fmt, "colors": colors}
+    params = {"style": style, "size": size, "format": fmt, "colors": colors,
+              "strength": strength}
     try:
         photo = service.parse({**params, "portrait": portrait})  # animations: per file
     except ConversionError as exc:

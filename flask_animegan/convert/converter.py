@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from PIL import Image
@@ -24,6 +24,7 @@ from ..runtime.tiles import TileProgress
 from . import repeats
 from .colors import keep_colors
 from .request import ConvertRequest
+from .strength import FULL, mix_strength
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..cache import CachedResult, NearDuplicateCache
@@ -49,6 +50,9 @@ class Conversion:
     #: its square in the result; None when not known (other modes, a cache hit)
     face_crops: list[tuple[float, ...]] | None = None
     timings: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
+    strength: int = FULL
+    #: the full-strength result (what the cache keeps); ``data`` is it mixed at ``strength``
+    full_data: bytes = field(default=b"", repr=False)
     #: the fitted input; a cache hit decodes it only if the result page asks
     input_image: Image.Image | None = field(default=None, repr=False)
     input_loader: Callable[[], Image.Image] | None = field(default=None, repr=False)
@@ -59,6 +63,10 @@ class Conversion:
             assert self.input_loader is not None
             self.input_image = self.input_loader()
         return self.input_image
+
+    def full(self) -> bytes:
+        """The result at full strength (``data`` itself unless a strength was asked)."""
+        return self.full_data or self.data
 
 
 @dataclass
@@ -108,11 +116,12 @@ class Converter:
         #: what results say about how they were made (None: ANIMEGAN_CONTENT_LABELS off)
         self.labelling = labelling
 
-    def label(self, style: StyleInfo, colors: str = "off",
-              scene: StyleInfo | None = None) -> ContentLabel | None:
+    def label(self, style: StyleInfo, colors: str = "off", scene: StyleInfo | None = None,
+              strength: int = FULL) -> ContentLabel | None:
         """What a result of ``style`` (faces pasted on a ``scene`` of another style) says
-        about how it was made; None with labels off. Only the photo's own colours (``keep``)
-        make it a composite: portrait mode converts the scene too."""
+        about how it was made; None with labels off. Only the photo's own pixels (colours
+        ``keep``, a strength below 100) make it a composite: portrait mode converts the
+        scene too."""
         if self.labelling is None:
             return None
         name, licence = style.name, style.licence
@@ -120,7 +129,8 @@ class Converter:
             name = f"{style.name} (faces), {scene.name} (scene)"
             if scene.licence != style.licence:
                 licence = f"{style.licence} (faces), {scene.licence} (scene)"
-        return ContentLabel(COMPOSITE if colors == "keep" else TRAINED, name, licence,
+        composite = colors == "keep" or strength < FULL
+        return ContentLabel(COMPOSITE if composite else TRAINED, name, licence,
                             self.labelling.software)
 
     def _photo_label(self, style: StyleInfo, colors: str, portrait: str,
@@ -269,14 +279,42 @@ class Converter:
         label = self._photo_label(style, options.colors, portrait, faces)
         encoded = encode(result, fmt, self.quality, label)
         lap("encode")
-        if lookup is not None:
+        if lookup is not None:  # at full strength: every strength is mixed from it
             lookup.cache.put(namespace, fingerprint, encoded, stored_size,
                              -1 if faces is None else faces, upload=upload)
-        encoded = self._signed(encoded, MIME_TYPES[fmt], label, data)
-        return Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
-                          cache_hit=False, face_crop=square, input_image=fitted,
-                          timings=lap.timings, faces=faces, colors=options.colors,
-                          face_crops=crops)
+        conversion = Conversion(encoded, MIME_TYPES[fmt], fmt, style.name, fitted.size,
+                                cache_hit=False, face_crop=square, input_image=fitted,
+                                timings=lap.timings, faces=faces, colors=options.colors,
+                                face_crops=crops)
+        return self._finish(conversion, options.strength, label, data, result)
+
+    def _finish(self, conversion: Conversion, strength: int, label: ContentLabel | None,
+                upload: bytes, result: Image.Image | None = None) -> Conversion:
+        """``conversion`` mixed with its input at ``strength`` (no inference; the
+        full-strength result kept in ``full_data``), then signed for this ``upload``."""
+        if strength != FULL:
+            started = time.perf_counter()
+            full = self._signed(conversion.data, conversion.mimetype, label, upload)
+            label = None if label is None else replace(label, source_type=COMPOSITE)
+            conversion.full_data, conversion.strength = full, strength
+            conversion.data = self.remix(conversion.data if result is None else result,
+                                         conversion.input(), strength, conversion.format,
+                                         label)
+            conversion.timings["strength"] = round((time.perf_counter() - started) * 1000, 2)
+        conversion.data = self._signed(conversion.data, conversion.mimetype, label, upload)
+        return conversion
+
+    def remix(self, result: bytes | Image.Image, photo: Image.Image, strength: int,
+              fmt: str, label: ContentLabel | None = None) -> bytes:
+        """A full-strength ``result`` (encoded, or pixels) of ``photo`` mixed at ``strength``
+        and encoded as ``fmt`` with ``label``: what a change of strength costs instead of an
+        inference."""
+        if isinstance(result, bytes):
+            with Image.open(io.BytesIO(result)) as stored:
+                pixels = stored.convert("RGB")
+        else:
+            pixels = result
+        return encode(mix_strength(pixels, photo, strength), fmt, self.quality, label)
 
     def _cached(self, data: bytes, cached: CachedResult, request: ConvertRequest,
                 square: bool, fitted: Image.Image | None,
@@ -306,12 +344,11 @@ class Converter:
 
         label = self._photo_label(style, request.options.colors,
                                   request.options.portrait_for(style), faces)
-        return Conversion(self._signed(cached.data, MIME_TYPES[fmt], label, data),
-                          MIME_TYPES[fmt], fmt,
-                          style.name, out_size,
-                          cache_hit=True, face_crop=square, input_image=fitted,
-                          input_loader=input_image, timings=timings, faces=faces,
-                          colors=request.options.colors)
+        conversion = Conversion(cached.data, MIME_TYPES[fmt], fmt, style.name, out_size,
+                                cache_hit=True, face_crop=square, input_image=fitted,
+                                input_loader=input_image, timings=timings, faces=faces,
+                                colors=request.options.colors)
+        return self._finish(conversion, request.options.strength, label, data)
 
     def image(self, image: Image.Image, request: ConvertRequest) -> Image.Image:
         """Convert a PIL image (any mode) already in memory; no decode, no cache."""
@@ -324,15 +361,17 @@ class Converter:
             result, found = self._portrait(picture, style, portrait, options.colors, _Laps(),
                                            work=work)
             if found or not style.face:
-                return result
+                return mix_strength(result, picture, options.strength)
         picture = fit(rgb, request.size, square=style.face)
-        return self.stylize(picture, style.name, options.colors)
+        return mix_strength(self.stylize(picture, style.name, options.colors), picture,
+                            options.strength)
 
     def frames(self, frames: Iterator[Frame], style: str, colors: str,
-               on_busy: Callable[[], None] | None = None,
+               on_busy: Callable[[], None] | None = None, strength: int = FULL,
                ) -> Iterator[tuple[Frame, Image.Image, bool]]:
-        """Each frame, its converted picture, and whether it reused the last one's; while the
-        model's queue is full, ``on_busy`` is called (it may raise) and the frame retried."""
+        """Each frame, its converted picture (mixed at ``strength``), and whether it reused
+        the last one's; while the model's queue is full, ``on_busy`` is called (it may
+        raise) and the frame retried."""
         anchor: repeats.Picture | None = None  # the last frame converted
         converted: Image.Image | None = None
         for frame in frames:
@@ -343,7 +382,8 @@ class Converter:
                 continue
             while True:
                 try:
-                    converted = self.stylize(frame.image, style, colors)
+                    converted = mix_strength(self.stylize(frame.image, style, colors),
+                                             frame.image, strength)
                     break
                 except Overloaded:
                     if on_busy is None:
@@ -374,7 +414,8 @@ class Converter:
         first: Image.Image | None = None
         try:
             for frame, picture, again in self.frames(frames, style.name,
-                                                     request.options.colors, on_busy):
+                                                     request.options.colors, on_busy,
+                                                     request.options.strength):
                 first = first or picture
                 writer.add(picture, frame.duration_ms, frame.disposal, pts=frame.pts)
                 done, reused = done + 1, reused + again

@@ -10,6 +10,7 @@ from ..config import OUTPUT_FORMATS
 from ..errors import BadParameter
 from ..runtime.engine import MIN_SIDE
 from .colors import COLOR_MODES
+from .strength import FULL
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime.catalog import StyleInfo
@@ -38,9 +39,12 @@ class Options:
 
     colors: str = "off"
     portrait: str = "auto"
+    #: percent of the style, mixed after the full-strength result (which the cache keeps)
+    strength: int = FULL
 
     def __post_init__(self) -> None:
-        if self.colors not in COLOR_MODES or self.portrait not in PORTRAIT_MODES:
+        if (self.colors not in COLOR_MODES or self.portrait not in PORTRAIT_MODES
+                or not 0 <= self.strength <= FULL):
             raise ValueError(f"unknown options {self}")
 
     def portrait_for(self, style: StyleInfo) -> str:
@@ -80,6 +84,18 @@ def parse_size(raw: Any, *, default: int, largest: int) -> int:
     return size
 
 
+def parse_strength(raw: Any) -> int:
+    """A strength in whole percent from 0 to 100; unset or empty: 100 (the style as it is)."""
+    if raw is None or raw == "":
+        return FULL
+    text = str(raw).strip(PARAMETER_SPACE)
+    strength = int(text) if text.isascii() and text.isdigit() and len(text) <= 3 else -1
+    if not 0 <= strength <= FULL:
+        raise BadParameter(f"strength must be a whole percent from 0 to {FULL}, "
+                           f"got {str(raw)[:20]!r}")
+    return strength
+
+
 def parse_format(raw: Any, default: str) -> str:
     if raw is None or raw == "":
         return default
@@ -111,8 +127,12 @@ def parse_request(params: Mapping[str, Any], engine: InferenceEngine, sizes: Siz
     fmt = parse_format(params.get("format"), sizes.default_format)
     options = Options(
         colors=parse_choice("colors", params.get("colors"), COLOR_MODES, "off"),
-        portrait=parse_choice("portrait", params.get("portrait"), PORTRAIT_MODES, "auto"))
+        portrait=parse_choice("portrait", params.get("portrait"), PORTRAIT_MODES, "auto"),
+        strength=parse_strength(params.get("strength")))
     if media and options.portrait in ("on", "faces"):
         raise BadParameter("portrait mode is for photos: a job converts each frame as a "
                            "whole; leave portrait out (or send portrait=off)")
+    if options.portrait == "faces" and options.strength < FULL:
+        raise BadParameter("strength mixes the result with the photo, and portrait=faces "
+                           "returns the faces alone: leave strength out with it")
     return ConvertRequest(style, size, fmt, options)

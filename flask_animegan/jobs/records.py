@@ -53,6 +53,7 @@ class JobRecord:
     output_format: str | None = None  # a photo's: jpeg, png or webp
     tiles_done: int = 0  # a photo's progress
     tiles_total: int = 0
+    strength: int = 100  # percent of the style, mixed into each frame
     frames_done: int = 0
     frames_reused: int = 0
     created_at: float = 0.0
@@ -108,14 +109,15 @@ class JobStore:
 
     def create(self, data: bytes, *, client: str, style: str, size: int, kind: str,
                format: str, frames_total: int, colors: str = "off",
-               **photo: Any) -> JobRecord | None:
+               strength: int = 100, **photo: Any) -> JobRecord | None:
         """A new queued job holding ``data`` (``photo``: a photo's fields of JobRecord);
         None when the storage refused it (down or full)."""
         now = time.time()
         record = JobRecord(id=secrets.token_urlsafe(24), state=JobState.QUEUED,
                            client=self.client_digest(client), style=style, size=size,
                            kind=kind, format=format, frames_total=frames_total,
-                           colors=colors, created_at=now, updated_at=now, **photo)
+                           colors=colors, strength=strength, created_at=now, updated_at=now,
+                           **photo)
         if not self.storage.set(self._key(record.id, "input"), data, self.ttl):
             return None
         if not self.storage.set_indexed(self._key(record.id), record.to_bytes(),

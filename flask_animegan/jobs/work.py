@@ -95,14 +95,14 @@ class Jobs:
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
                client: str, colors: str = "off", output_format: str | None = None,
-               portrait: str = "off", tiles: int = 0) -> JobRecord:
+               portrait: str = "off", tiles: int = 0, strength: int = 100) -> JobRecord:
         """Make a job of a probed upload (a still: a photo of ``tiles`` tiles, written in
         ``output_format``) and queue it; Overloaded if the queue or store refuse."""
         photo = info.kind == "still"
         record = self.store.create(
             data, client=client, style=style, size=size,
             kind="photo" if photo else info.kind, format=info.format,
-            frames_total=info.frames, colors=colors,
+            frames_total=info.frames, colors=colors, strength=strength,
             **({"output_format": output_format or "jpeg", "portrait": portrait,
                 "tiles_total": tiles} if photo else {}))
         if record is None:
@@ -289,7 +289,8 @@ class Jobs:
         started = time.monotonic()
         deadline = started + self.settings.job_timeout
         request = ConvertRequest(self.converter.engine.style(record.style), record.size, "jpeg",
-                                 Options(colors=record.colors, portrait="off"))
+                                 Options(colors=record.colors, portrait="off",
+                                         strength=record.strength))
         info = self.probe(data)
         if info.kind == "still":
             raise ConversionError("this is a still photo, not an animation or a video: "
@@ -332,7 +333,8 @@ class Jobs:
         deadline = time.monotonic() + self.settings.job_timeout
         request = ConvertRequest(self.converter.engine.style(record.style), record.size,
                                  record.output_format or "jpeg",
-                                 Options(colors=record.colors, portrait=record.portrait))
+                                 Options(colors=record.colors, portrait=record.portrait,
+                                         strength=record.strength))
         record.tiles_done = record.tiles_total = 0  # 0 in all: the photo is being read
         self._report(record, None)
         first_tile: float | None = None

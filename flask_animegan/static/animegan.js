@@ -18,6 +18,161 @@
     update();
   }
 
+  // Strength, previewed here with no request: the server's mix (convert/strength.py) per
+  // pixel. In CIELAB, a* and b* and the base of L* (the blurred picture's L*) move from the
+  // photo's to the result's; the photo's detail fades as (1 - s)^2, the result's comes in as s.
+  var WHITE = [0.95047, 1.0, 1.08883];
+  var LINEAR = new Float32Array(256);
+  for (var v = 0; v < 256; v++) {
+    var c = v / 255;
+    LINEAR[v] = c <= 0.04045 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4);
+  }
+  var STEPS = 4095;
+  var ENCODED = new Uint8ClampedArray(STEPS + 1);
+  for (var i = 0; i <= STEPS; i++) {
+    var l = i / STEPS;
+    ENCODED[i] = Math.round(255 * (l <= 0.0031308 ? l * 12.92 : 1.055 * Math.pow(l, 1 / 2.4) - 0.055));
+  }
+
+  function companded(t) { return t > 0.008856452 ? Math.cbrt(t) : t / 0.128418549 + 4 / 29; }
+  function expanded(f) { return f > 6 / 29 ? f * f * f : 0.128418549 * (f - 4 / 29); }
+
+  // RGBA bytes to L*, a*, b* planes (and only L* when lightOnly)
+  function labPlanes(rgba, lightOnly) {
+    var n = rgba.length / 4;
+    var L = new Float32Array(n), A = lightOnly ? null : new Float32Array(n),
+        B = lightOnly ? null : new Float32Array(n);
+    for (var p = 0, q = 0; p < n; p++, q += 4) {
+      var r = LINEAR[rgba[q]], g = LINEAR[rgba[q + 1]], b = LINEAR[rgba[q + 2]];
+      var fy = companded(0.212671 * r + 0.715160 * g + 0.072169 * b);
+      L[p] = 116 * fy - 16;
+      if (lightOnly) continue;
+      A[p] = 500 * (companded((0.412453 * r + 0.357580 * g + 0.180423 * b) / WHITE[0]) - fy);
+      B[p] = 200 * (fy - companded((0.019334 * r + 0.119193 * g + 0.950227 * b) / WHITE[2]));
+    }
+    return { L: L, A: A, B: B };
+  }
+
+  function pixelsOf(image, width, height, sigma, crop) {
+    var canvas = document.createElement("canvas");
+    canvas.width = width;
+    canvas.height = height;
+    var context = canvas.getContext("2d", { willReadFrequently: true });
+    if (sigma) context.filter = "blur(" + sigma + "px)";
+    if (crop) context.drawImage(image, crop[0], crop[1], crop[2], crop[3], 0, 0, width, height);
+    else context.drawImage(image, 0, 0, width, height);
+    return context.getImageData(0, 0, width, height).data;
+  }
+
+  function loaded(src) {
+    return new Promise(function (resolve, reject) {
+      var image = new Image();
+      image.onload = function () { resolve(image); };
+      image.onerror = reject;
+      image.src = src;
+    });
+  }
+
+  // scope holds the result's figure and its strength form; photoCrop() is the part of
+  // the photo the result was made from ([x, y, w, h] or null: all of it)
+  function initStrength(scope, photoCrop) {
+    var control = scope.querySelector("[data-animegan-strength]");
+    if (!control) return null;
+    var range = control.querySelector(".animegan-strength-range");
+    var shown = control.querySelector(".animegan-strength-value");
+    var canvas = scope.querySelector(".animegan-strength-canvas");
+    var result = scope.querySelector(".animegan-converted");
+    var original = scope.querySelector(".animegan-compare-before");
+    var prepared = null;
+    var pending = null;
+
+    function prepare() {
+      if (!prepared) {
+        prepared = Promise.all([loaded(result.dataset.fullSrc || result.src), loaded(original.src)])
+          .then(function (images) {
+            var w = images[0].naturalWidth, h = images[0].naturalHeight;
+            var sigma = Math.max(1, Math.max(w, h) / 256);
+            var crop = photoCrop ? photoCrop(images[1]) : null;
+            var out = labPlanes(pixelsOf(images[0], w, h, 0, null), false);
+            var inp = labPlanes(pixelsOf(images[1], w, h, 0, crop), false);
+            canvas.width = w;
+            canvas.height = h;
+            return { w: w, h: h, out: out, inp: inp,
+                     outBase: labPlanes(pixelsOf(images[0], w, h, sigma, null), true).L,
+                     inpBase: labPlanes(pixelsOf(images[1], w, h, sigma, crop), true).L };
+          });
+      }
+      return prepared;
+    }
+
+    function draw(data, s) {
+      var context = canvas.getContext("2d");
+      var picture = context.createImageData(data.w, data.h);
+      var rgba = picture.data, out = data.out, inp = data.inp;
+      var fade = (1 - s) * (1 - s);
+      for (var p = 0, q = 0; p < rgba.length / 4; p++, q += 4) {
+        var ib = data.inpBase[p], ob = data.outBase[p];
+        var L = ib + s * (ob - ib) + fade * (inp.L[p] - ib) + s * (out.L[p] - ob);
+        var fy = (L + 16) / 116;
+        var fx = fy + (inp.A[p] + s * (out.A[p] - inp.A[p])) / 500;
+        var fz = fy - (inp.B[p] + s * (out.B[p] - inp.B[p])) / 200;
+        var x = expanded(fx) * WHITE[0], y = expanded(fy), z = expanded(fz) * WHITE[2];
+        var rgb = [3.240481 * x - 1.537151 * y - 0.498536 * z,
+                   -0.969255 * x + 1.875990 * y + 0.041556 * z,
+                   0.055647 * x - 0.204041 * y + 1.057311 * z];
+        for (var k = 0; k < 3; k++) {
+          rgba[q + k] = ENCODED[Math.round(Math.min(1, Math.max(0, rgb[k])) * STEPS)];
+        }
+        rgba[q + 3] = 255;
+      }
+      context.putImageData(picture, 0, 0);
+      canvas.hidden = false;
+    }
+
+    function update() {
+      shown.textContent = range.value + " %";
+      control.dispatchEvent(new CustomEvent("animegan-strength", { detail: Number(range.value) }));
+      if (pending !== null) return;  // one frame at a time: the newest value wins
+      pending = requestAnimationFrame(function () {
+        prepare().then(function (data) {
+          pending = null;
+          draw(data, Number(range.value) / 100);
+        }, function () { pending = null; });
+      });
+    }
+
+    if (!control.dataset.ready) {
+      control.dataset.ready = "1";
+      control.classList.add("animegan-strength-live");
+      range.addEventListener("input", update);
+      // the preview needs no request: the form is sent only without JavaScript
+      control.addEventListener("submit", function (event) { event.preventDefault(); });
+    }
+    return {
+      reset: function () {  // a new result: full strength, nothing prepared
+        prepared = null;
+        canvas.hidden = true;
+        range.value = 100;
+        shown.textContent = "100 %";
+      },
+      value: function () { return Number(range.value); }
+    };
+  }
+
+  // the result page: its download asks the server for the same mix of the kept result
+  document.querySelectorAll(".animegan-result-page").forEach(function (page) {
+    var strength = initStrength(page, null);
+    var download = page.querySelector("#animegan-download");
+    if (!strength || !download) return;
+    page.querySelector("[data-animegan-strength]").addEventListener("animegan-strength", function (event) {
+      if (download.href.indexOf("data:") === 0) return;  // an inline page: full strength only
+      var url = new URL(download.href, location.href);
+      if (event.detail < 100) url.searchParams.set("strength", event.detail);
+      else url.searchParams.delete("strength");
+      download.href = url.pathname + url.search;
+    });
+  });
+
   function stemOf(name) {
     var stem = (name || "").replace(/\.[^.]*$/, "").replace(/[^\w.-]+/g, "_");
     return stem || "photo";
@@ -224,7 +379,44 @@
     }, function () { /* a photo this browser cannot draw: no slider */ });
   }
 
-  function showResult(blob, response, elapsed) {
+  // the strength slider previews in the page; a download below 100 % asks the server for
+  // the same mix of its cached result (a cache hit: no conversion, no rate-limit point)
+  var faceCrop = false;
+  var sentBody = null;
+  var strength = initStrength(panel, function (image) {
+    if (!faceCrop) return null;
+    var side = Math.min(image.naturalWidth, image.naturalHeight);
+    return [(image.naturalWidth - side) / 2, (image.naturalHeight - side) / 2, side, side];
+  });
+  panel.querySelector("#animegan-download").addEventListener("click", function (event) {
+    var percent = strength.value();
+    if (percent >= 100 || !sentBody) return;  // the full-strength result, as it came
+    event.preventDefault();
+    var link = event.currentTarget;
+    var body = new FormData();
+    sentBody.forEach(function (value, key) { body.append(key, value); });
+    body.set("strength", percent);
+    status.textContent = "Preparing the download at " + percent + " %\u2026";
+    fetch(form.dataset.convertUrl, { method: "POST", body: body, credentials: "same-origin",
+                                     headers: { Accept: "application/json" } })
+      .then(function (response) {
+        if (!response.ok) throw new Error(statusMessage(response));
+        return response.blob();
+      })
+      .then(function (blob) {
+        var save = document.createElement("a");
+        save.href = URL.createObjectURL(blob);
+        save.download = link.download.replace(/(\.[^.]*)$/, "-" + percent + "$1");
+        document.body.appendChild(save);
+        save.click();
+        save.remove();
+        setTimeout(function () { URL.revokeObjectURL(save.href); }, 60000);
+        status.textContent = "Downloaded at " + percent + " % strength.";
+      })
+      .catch(function (problem) { showError(problem.message || "the download failed"); });
+  });
+
+  function showResult(blob, response, elapsed, body) {
     var style = response.headers.get("X-AnimeGAN-Style") || "anime";
     var ext = { "image/jpeg": "jpg", "image/png": "png", "image/webp": "webp" }[blob.type] || "jpg";
     if (resultUrl) URL.revokeObjectURL(resultUrl);
@@ -235,7 +427,13 @@
         style + ", " + result.naturalWidth + "\u00d7" + result.naturalHeight;
     };
     result.alt = "The photo in the " + style + " style";
-    panel.querySelectorAll(".animegan-converted").forEach(function (img) { img.src = resultUrl; });
+    panel.querySelectorAll(".animegan-converted").forEach(function (img) {
+      img.src = resultUrl;
+      img.dataset.fullSrc = resultUrl;
+    });
+    faceCrop = response.headers.get("X-AnimeGAN-Face-Crop") === "centre-square";
+    sentBody = body;
+    strength.reset();
     panel.querySelector(".animegan-photo-sent .animegan-original").src = photoUrl;
     var note = panel.querySelector("#animegan-result-note");
     note.textContent = describeOptions(response);
@@ -407,7 +605,7 @@
           }
           if (response.ok) {
             return response.blob().then(function (blob) {
-              showResult(blob, response, elapsed());
+              showResult(blob, response, elapsed(), body);
               finish();
             });
           }

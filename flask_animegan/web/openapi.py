@@ -12,6 +12,7 @@ from flask import Response, current_app, jsonify, request
 from ..config import OUTPUT_FORMATS
 from ..convert.colors import COLOR_MODES
 from ..convert.request import PORTRAIT_MODES
+from ..convert.strength import FULL
 from ..service import get_service
 from .blueprint import blueprint
 
@@ -69,14 +70,22 @@ def _conversion_parameters() -> list[dict[str, Any]]:
                "off: the style's colours; luma: the photo's brightness; keep: its colours"),
         _query("portrait", _any_case(PORTRAIT_MODES),
                "Portrait mode: faces converted on their own (docs/portrait.md)"),
+        _strength(),
     ]
+
+
+def _strength() -> dict[str, Any]:
+    return _query("strength", {"type": "integer", "minimum": 0, "maximum": FULL},
+                  f"Percent of the style, whole; unset: {FULL}. Mixed with the photo after "
+                  "the full-strength result, which the cache keeps: another strength of "
+                  "a cached photo is a hit (docs/http-api.md, Strength)")
 
 
 def _upload_body(form_fields: bool = True) -> dict[str, Any]:
     multipart: dict[str, Any] = {"type": "object", "required": ["image"],
                                  "properties": {"image": _BINARY["schema"]}}
     if form_fields:
-        for name in ("style", "size", "format", "colors", "portrait"):
+        for name in ("style", "size", "format", "colors", "portrait", "strength"):
             multipart["properties"][name] = {"type": "string"}
     return {"required": True, "content": {
         "multipart/form-data": {"schema": multipart},
@@ -115,13 +124,16 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
                               "Retry-After": {"$ref": "#/components/headers/Retry-After"}},
                               "content": _HTML["content"]}}},
         ("animegan.result", "get"): {
-            "summary": "A result page", "tags": ["pages"], "parameters": [token],
-            "responses": {"200": _HTML, "404": _PAGE_404}},
+            "summary": "A result page", "tags": ["pages"], "parameters": [token, _strength()],
+            "responses": {"200": _HTML, "404": _PAGE_404,
+                          "400": {"description": "The upload page with the error",
+                                  "content": _HTML["content"]}}},
         ("animegan.result_image", "get"): {
             "summary": "A result page's picture: the photo as sent, or the anime one",
             "tags": ["pages"],
             "parameters": [token, _path("kind", {"type": "string",
-                                                 "enum": ["original", "anime"]}), download],
+                                                 "enum": ["original", "anime"]}), download,
+                           _strength()],
             "responses": {"200": {"description": "The picture", "content": _IMAGES},
                           "400": {"description": "The upload page with the error",
                                   "content": _HTML["content"]}, "404": _PAGE_404}},
@@ -137,7 +149,10 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
                                   "headers": {**_RATE_HEADERS,
                                               "X-Cache": {"schema": {"type": "string",
                                                                      "enum": ["HIT", "MISS"]}},
-                                              "X-AnimeGAN-Style": {"schema": {"type": "string"}}},
+                                              "X-AnimeGAN-Style": {"schema": {"type": "string"}},
+                                              "X-AnimeGAN-Strength": {"schema": {
+                                                  "type": "integer", "minimum": 0,
+                                                  "maximum": FULL}}},
                                   "content": _IMAGES},
                           **_job("A photo that runs in tiles, queued as a job", "202",
                                  headers={"Location": {"schema": {"type": "string"}}}),

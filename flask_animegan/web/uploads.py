@@ -205,7 +205,7 @@ def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = N
     record = jobs.submit(data, info, style=parsed.style.name, size=parsed.size,
                          client=client, colors=parsed.options.colors,
                          output_format=parsed.format, portrait=parsed.options.portrait,
-                         tiles=tiles)
+                         tiles=tiles, strength=parsed.options.strength)
     log.info("animegan.job %s", json.dumps(
         {"event": "queued", "kind": record.kind, "format": info.format, "frames": info.frames,
          "tiles": tiles, "style": parsed.style.name, "size": parsed.size}, sort_keys=True))

@@ -27,6 +27,7 @@ from flask import (
 from flask_limiter.errors import RateLimitExceeded
 from jinja2 import Environment, Template
 from markupsafe import Markup, escape
+from PIL import Image
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, default_exceptions
 from werkzeug.routing import RequestRedirect
 from werkzeug.wrappers import Response as BaseResponse
@@ -34,7 +35,8 @@ from werkzeug.wsgi import get_input_stream
 
 from ..config import DEFAULTS, OUTPUT_FORMATS
 from ..convert.converter import Conversion, describe_timings
-from ..convert.request import parameter_word
+from ..convert.request import parameter_word, parse_strength
+from ..convert.strength import FULL
 from ..errors import (
     BadParameter,
     ConversionError,
@@ -375,39 +377,50 @@ def upload() -> BaseResponse:
         return redirect(url_for(".job_page", job_id=record.id), code=303)
     conversion = uploads.convert_photo(received)
     service = get_service()
-    stored = StoredResult(
+    stored = StoredResult(  # at full strength: the page mixes every other strength from it
         original=encode(conversion.input(), "jpeg", service.settings.jpeg_quality),
-        result=conversion.data, mimetype=conversion.mimetype, style=conversion.style,
+        result=conversion.full(), mimetype=conversion.mimetype, style=conversion.style,
         size=conversion.size, note=describe_options(conversion))
     token = service.results.add(stored)
+    strength = conversion.strength
     if token is None:
         # the page store is down or full: the page itself, pictures inline
-        return _result_page(stored, token=None)
-    return redirect(url_for(".result", token=token), code=303)
+        return _result_page(stored, token=None, strength=strength,
+                            mixed=conversion.data)
+    return redirect(url_for(".result", token=token,
+                            strength=strength if strength < FULL else None), code=303)
 
 
 @blueprint.get("/result/<token>")
 def result(token: str) -> Response:
+    strength = parse_strength(request.args.get("strength"))
     stored = get_service().results.get(token)
     if stored is None:
         abort(404, "this result has expired or never existed; convert the photo again")
-    return _result_page(stored, token)
+    return _result_page(stored, token, strength)
 
 
-def _result_page(stored: StoredResult, token: str | None) -> Response:
-    """The result page: its pictures at their URLs, or inline (``data:``) without a token."""
+def _result_page(stored: StoredResult, token: str | None, strength: int = FULL,
+                 mixed: bytes | None = None) -> Response:
+    """The result page: its pictures at their URLs, or inline (``data:``) without a token;
+    the anime picture at ``strength`` (``mixed``: already mixed, for the inline page)."""
+    at = strength if strength < FULL else None
     if token is not None:
         sources = {
             "original": url_for(".result_image", token=token, kind="original"),
-            "anime": url_for(".result_image", token=token, kind="anime"),
-            "download": url_for(".result_image", token=token, kind="anime", download=1)}
+            "anime": url_for(".result_image", token=token, kind="anime", strength=at),
+            "full": url_for(".result_image", token=token, kind="anime"),
+            "download": url_for(".result_image", token=token, kind="anime", download=1,
+                                strength=at),
+            "strength": url_for(".result", token=token)}
     else:
-        anime = _data_url(stored.mimetype, stored.result)
+        anime = _data_url(stored.mimetype, mixed or stored.result)
         sources = {"original": _data_url("image/jpeg", stored.original), "anime": anime,
-                   "download": anime}
+                   "full": _data_url(stored.mimetype, stored.result), "download": anime,
+                   "strength": ""}
     response = make_response(render_page("animegan/result.html", page_context(
         token=token, result=stored, sources=sources, kept=token is not None,
-        download_name=_download_name(stored))))
+        download_name=_download_name(stored), strength=strength)))
     response.headers["Cache-Control"] = RESULT_CACHE_CONTROL
     return response
 
@@ -432,13 +445,27 @@ def _download_name(stored: StoredResult) -> str:
 @blueprint.get("/result/<token>/<any(original, anime):kind>")
 def result_image(token: str, kind: str) -> Response:
     download = download_wanted(request.args.get("download", ""))
+    strength = parse_strength(request.args.get("strength"))
     stored = get_service().results.get(token)
     if stored is None:
         abort(404, "this result has expired; convert the photo again")
     if kind == "original":
         return file_response(stored.original, "image/jpeg")
-    return file_response(stored.result, stored.mimetype,
-                         _download_name(stored) if download else None)
+    data = stored.result if strength == FULL else _mixed(stored, strength)
+    return file_response(data, stored.mimetype, _download_name(stored) if download else None)
+
+
+def _mixed(stored: StoredResult, strength: int) -> bytes:
+    """A stored result at ``strength``, mixed with its stored photo: no inference."""
+    with Image.open(io.BytesIO(stored.original)) as original:
+        photo = original.convert("RGB")
+    try:
+        converter = get_service().converter
+        label = converter.label(get_service().engine.style(stored.style), strength=strength)
+        return converter.remix(stored.result, photo, strength, stored.mimetype.split("/")[1],
+                               label)
+    except ValueError as exc:  # portrait=faces: the faces alone, not the photo's shape
+        raise BadParameter(f"strength cannot apply to this result: {exc}") from exc
 
 
 def file_response(data: bytes, mimetype: str, attachment: str | None = None) -> Response:
@@ -465,6 +492,7 @@ def convert() -> Response:
         "X-AnimeGAN-Style": conversion.style,
         "X-AnimeGAN-Face-Crop": "centre-square" if conversion.face_crop else "none",
         "X-AnimeGAN-Colors": conversion.colors,
+        "X-AnimeGAN-Strength": str(conversion.strength),
         "Cache-Control": "no-store",
         "Server-Timing": describe_timings(conversion.timings),
     })
