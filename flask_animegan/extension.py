@@ -88,7 +88,17 @@ def _check_no_route_is_shadowed(app: Flask, prefix: str) -> None:
 
 def _check_default_style(name: str | None, engine: InferenceEngine) -> None:
     """Refuse an ANIMEGAN_DEFAULT_STYLE neither installed nor one `flask animegan pull`
-    knows (so that `pull NAME` can run with it already set)."""
+    knows (so that `pull NAME` can run with it already set), or one whose licence
+    ANIMEGAN_ALLOWED_LICENCES does not allow."""
+    refused = engine.registry.refused.get(name or "")
+    if refused is not None:
+        allowed = ", ".join(sorted(engine.registry.policy.allowed or ()))
+        raise RuntimeError(
+            f"flask_animegan configuration error: ANIMEGAN_DEFAULT_STYLE={name!r} has the "
+            f"licence {refused.licence}, which ANIMEGAN_ALLOWED_LICENCES does not allow "
+            f"(allowed: {allowed}): choose a style under an allowed licence (installed: "
+            f"{', '.join(sorted(engine.styles)) or 'none'}), or add {refused.licence} to "
+            "ANIMEGAN_ALLOWED_LICENCES if this site may use it")
     if not name or name in engine.styles or name in engine.catalog:
         return
     known = sorted(set(engine.styles) | set(engine.catalog))

@@ -29,7 +29,7 @@ from flask_animegan import Generator, load_generator
 from flask_animegan.runtime.catalog import NONCOMMERCIAL, OFFICIAL_STYLES
 from flask_animegan.runtime.weights import file_git_blob_sha1
 
-EXTRA_LICENCE = "CC-BY-4.0 (test weights made by the suite)"
+EXTRA_LICENCE = "CC-BY-4.0"
 
 
 def blob_sha1(data: bytes) -> str:

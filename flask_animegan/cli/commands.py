@@ -69,12 +69,22 @@ def styles_command() -> None:
             state = f"pull with: flask animegan pull {style['name']}"
         crop = "  [faces: centre square]" if style["face_crop"] else ""
         click.echo(f"{style['name']:<20} {state}{crop}")
-        click.echo(f"{'':<20} licence: {style['licence']}")
+        click.echo(f"{'':<20} licence: {_licence_line(style)}")
         details = service.engine.pool.broken_details().get(style["name"])
         if details:
             click.echo(f"{'':<20} error: {details}")
     for file_name, why in service.engine.registry.skipped.items():
         click.echo(f"{file_name!r:<20} SKIPPED: {why}")
+    for name, refused in sorted(service.engine.registry.refused.items()):
+        click.echo(f"{name:<20} NOT ALLOWED: licence {refused.licence} is not among "
+                   "ANIMEGAN_ALLOWED_LICENCES")
+
+
+def _licence_line(style: dict[str, Any]) -> str:
+    """``MIT (bryandlee/animegan2-pytorch) <https://...>``: the id, its note, its page."""
+    note = f" ({style['licence_note']})" if style["licence_note"] else ""
+    url = f" <{style['licence_url']}>" if style["licence_url"] else ""
+    return f"{style['licence']}{note}{url}"
 
 
 class _DownloadProgress:
@@ -115,6 +125,11 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
     """
     service = get_service()
     catalog = service.engine.catalog
+    refused = service.engine.registry.refused.get(name)
+    if refused is not None:
+        raise click.ClickException(
+            f"{service.engine.registry.policy.refusal(refused)}; not downloaded. Add "
+            f"{refused.licence} to ANIMEGAN_ALLOWED_LICENCES if this site may use it")
     if name not in catalog:
         raise click.ClickException(f"unknown style {name!r}; pullable styles: "
                                    f"{', '.join(sorted(catalog))}")
@@ -123,7 +138,9 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
     if target.exists() and not force:
         click.echo(f"{name} is already installed at {target} (use --force to download again)")
         return
-    click.echo(f"{name}: {style.description or '(no description)'}\nlicence: {style.licence}")
+    click.echo(f"{name}: {style.description or '(no description)'}\n"
+               f"licence: {style.licence}" + (f" ({style.licence_note})" if style.licence_note
+                                              else ""))
     base = base_url or service.settings.weights_base_url
     progress = _DownloadProgress(f"downloading {name}")
     try:
