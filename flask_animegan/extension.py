@@ -92,7 +92,7 @@ def _check_default_style(name: str | None, engine: InferenceEngine) -> None:
     ANIMEGAN_ALLOWED_LICENCES does not allow."""
     refused = engine.registry.refused.get(name or "")
     if refused is not None:
-        allowed = ", ".join(sorted(engine.registry.policy.allowed or ()))
+        allowed = ", ".join(engine.registry.policy.allowed or ())
         raise RuntimeError(
             f"flask_animegan configuration error: ANIMEGAN_DEFAULT_STYLE={name!r} has the "
             f"licence {refused.licence}, which ANIMEGAN_ALLOWED_LICENCES does not allow "
@@ -169,6 +169,12 @@ class AnimeGAN:
                                                catalog=catalog, events=metrics)
         _check_default_style(settings.default_style, engine)
         scene = settings.portrait_scene_style
+        if scene is not None and scene in engine.registry.refused:
+            raise RuntimeError(
+                f"flask_animegan configuration error: ANIMEGAN_PORTRAIT_SCENE_STYLE={scene!r} "
+                f"has the licence {engine.registry.refused[scene].licence}, which "
+                "ANIMEGAN_ALLOWED_LICENCES does not allow: choose a style under an allowed "
+                "licence, or unset it to paint the scene with the default style")
         if scene is not None and scene not in engine.styles:
             raise RuntimeError(
                 f"flask_animegan configuration error: ANIMEGAN_PORTRAIT_SCENE_STYLE={scene!r} "

@@ -55,6 +55,15 @@ def test_a_non_allowed_default_stops_the_app_naming_it(
         message = str(error.value)
         assert "ANIMEGAN_DEFAULT_STYLE='paprika'" in message
         assert NONCOMMERCIAL in message and "ANIMEGAN_ALLOWED_LICENCES" in message
+        assert "(allowed: MIT)" in message
+
+
+def test_a_non_allowed_portrait_scene_style_stops_the_app(
+        make_app: Callable[..., Flask], with_paprika: Path) -> None:
+    with pytest.raises(RuntimeError, match=(
+            f"ANIMEGAN_PORTRAIT_SCENE_STYLE='paprika' has the licence {NONCOMMERCIAL}")):
+        make_app(ANIMEGAN_MODELS_DIR=str(with_paprika), ANIMEGAN_ALLOWED_LICENCES=["own"],
+                 ANIMEGAN_PORTRAIT_SCENE_STYLE="paprika")
 
 
 def test_the_automatic_default_skips_a_non_allowed_style(

@@ -138,14 +138,16 @@ def known_styles(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[s
 class LicencePolicy:
     """Which licences a site serves (ANIMEGAN_ALLOWED_LICENCES); ``allowed`` None: all."""
 
-    allowed: frozenset[str] | None = None  # in lower case: SPDX ids match in any case
+    allowed: tuple[str, ...] | None = None  # as configured; SPDX ids match in any case
 
     @classmethod
     def of(cls, allowed: Iterable[str] | None) -> LicencePolicy:
-        return cls(None if allowed is None else frozenset(a.lower() for a in allowed))
+        return cls(None if allowed is None else tuple(allowed))
 
     def allows(self, style: StyleInfo) -> bool:
-        return self.allowed is None or style.licence.lower() in self.allowed
+        if self.allowed is None:
+            return True
+        return style.licence.lower() in {licence.lower() for licence in self.allowed}
 
     def refusal(self, style: StyleInfo) -> str:
         """Why ``style`` is not offered, naming its licence and the setting."""
