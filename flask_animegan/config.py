@@ -182,6 +182,25 @@ def _extra_styles(value: dict[str, Any]) -> str | None:
     return None  # names, urls and hashes: runtime.catalog.known_styles, also in init_app
 
 
+#: An SPDX licence identifier (`MIT`, `CC-BY-4.0`, `LicenseRef-...`) or `own`.
+LICENCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+\-]{0,99}")
+
+
+def _licence_ids(value: list[Any]) -> str | None:
+    """a list of SPDX licence identifiers or `own`, e.g. `["MIT", "CC-BY-4.0", "own"]`"""
+    if not value:
+        return ("allows no licence, so no style could serve: list at least one, e.g. "
+                '["MIT", "own"], or unset it to allow every licence')
+    for entry in value:
+        if isinstance(entry, str) and entry.upper() in ("AND", "OR", "WITH"):
+            return ("holds an SPDX expression: list each licence on its own, e.g. "
+                    '["MIT", "Apache-2.0"] for "MIT OR Apache-2.0"')
+        if not isinstance(entry, str) or not LICENCE_ID.fullmatch(entry):
+            return (f"has the entry {entry!r}: give SPDX licence identifiers "
+                    '(https://spdx.org/licenses/) or "own", e.g. ["MIT", "CC-BY-4.0", "own"]')
+    return None
+
+
 class Hook:
     """The kind of a setting that names a callable of the site, or its dotted path."""
 
@@ -427,8 +446,13 @@ class Settings:
     extra_styles: dict[str, dict[str, Any]] = _setting(
         {}, dict,
         'Extra pullable styles: name to a dict with `url`, `sha1` (git blob SHA-1) and '
-        'optionally `licence`, `description`, `face`.',
+        'optionally `licence` (an SPDX id), `licence_note`, `description`, `face`.',
         check=_extra_styles)
+    allowed_licences: list[str] | None = _setting(
+        None, list,
+        'The style licences this site serves, pulls and exports: SPDX identifiers or `own` '
+        '(weights you put into the models folder); unset: every licence (docs/styles.md).',
+        check=_licence_ids)
     health_details: str = _setting(
         'local', str,
         'Who sees the details in `{prefix}/healthz` (styles, queue, cache, errors): '
@@ -601,6 +625,7 @@ class AnimeGANOptions(TypedDict, total=False):
     warmup_size: int
     weights_base_url: str | None
     extra_styles: dict[str, dict[str, Any]]
+    allowed_licences: list[str] | None
     health_details: str
     content_security_policy: str
     csrf: bool
@@ -875,7 +900,15 @@ def _from_text(setting: Setting, raw: str) -> Any:
         return setting.default  # an empty variable: unset, i.e. the default
     if setting.kind in (str, Hook):
         value: Any = raw
-    elif setting.kind is list:  # dotted paths, separated by commas or spaces
+    elif setting.kind is list and raw.strip() == "" and setting.optional:
+        return None  # an empty variable: unset
+    elif setting.kind is list and raw.lstrip().startswith("["):  # a JSON array
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise setting.error(raw, 'is not a JSON array: write e.g. ["MIT", "own"], or the '
+                                     "entries separated by commas", _ENV) from None
+    elif setting.kind is list:  # entries separated by commas or spaces
         value = raw.replace(",", " ").split()
     elif setting.kind is bool:
         word = raw.strip().lower()

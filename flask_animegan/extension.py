@@ -90,7 +90,17 @@ def _check_no_route_is_shadowed(app: Flask, prefix: str) -> None:
 
 def _check_default_style(name: str | None, engine: InferenceEngine) -> None:
     """Refuse an ANIMEGAN_DEFAULT_STYLE neither installed nor one `flask animegan pull`
-    knows (so that `pull NAME` can run with it already set)."""
+    knows (so that `pull NAME` can run with it already set), or one whose licence
+    ANIMEGAN_ALLOWED_LICENCES does not allow."""
+    refused = engine.registry.refused.get(name or "")
+    if refused is not None:
+        allowed = ", ".join(engine.registry.policy.allowed or ())
+        raise RuntimeError(
+            f"flask_animegan configuration error: ANIMEGAN_DEFAULT_STYLE={name!r} has the "
+            f"licence {refused.licence}, which ANIMEGAN_ALLOWED_LICENCES does not allow "
+            f"(allowed: {allowed}): choose a style under an allowed licence (installed: "
+            f"{', '.join(sorted(engine.styles)) or 'none'}), or add {refused.licence} to "
+            "ANIMEGAN_ALLOWED_LICENCES if this site may use it")
     if not name or name in engine.styles or name in engine.catalog:
         return
     known = sorted(set(engine.styles) | set(engine.catalog))
@@ -180,6 +190,12 @@ class AnimeGAN:
                                                catalog=catalog, events=metrics)
         _check_default_style(settings.default_style, engine)
         scene = settings.portrait_scene_style
+        if scene is not None and scene in engine.registry.refused:
+            raise RuntimeError(
+                f"flask_animegan configuration error: ANIMEGAN_PORTRAIT_SCENE_STYLE={scene!r} "
+                f"has the licence {engine.registry.refused[scene].licence}, which "
+                "ANIMEGAN_ALLOWED_LICENCES does not allow: choose a style under an allowed "
+                "licence, or unset it to paint the scene with the default style")
         if scene is not None and scene not in engine.styles:
             raise RuntimeError(
                 f"flask_animegan configuration error: ANIMEGAN_PORTRAIT_SCENE_STYLE={scene!r} "

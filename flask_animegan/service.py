@@ -231,6 +231,8 @@ class AnimeGANService:
                 "usable": name in installed and name not in broken,
                 "face_crop": info.face,
                 "licence": info.licence,
+                "licence_url": info.licence_url,
+                "licence_note": info.licence_note,
                 "description": info.description,
                 **({"error": broken[name]} if name in broken else {}),
             })

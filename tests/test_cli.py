@@ -34,11 +34,7 @@ from media import gif_from_photos
 from upload_variants import bit_flips
 
 from flask_animegan import load_generator
-from flask_animegan.runtime.catalog import (
-    NONCOMMERCIAL,
-    OFFICIAL_STYLES,
-    SHIPPED_STYLES,
-)
+from flask_animegan.runtime.catalog import OFFICIAL_STYLES, SHIPPED_STYLES
 
 SIZE = 64
 FOLDER_PHOTOS = ("chelsea", "coffee", "astronaut")
@@ -76,14 +72,21 @@ def test_styles_lists_installed_and_pullable_styles(make_app: Callable[..., Flas
     # default, before the shipped toon_demo
     assert blocks["other_style"][0] == "installed, default"
     assert blocks["test_style"][0] == "installed"
-    assert blocks["toon_demo"] == ["installed", f"licence: {SHIPPED_STYLES['toon_demo'].licence}"]
+    toon = SHIPPED_STYLES["toon_demo"]
+    assert blocks["toon_demo"] == ["installed", (f"licence: MIT ({toon.licence_note}) "
+                                                 "<https://spdx.org/licenses/MIT.html>")]
     for name in ("test_style", "other_style"):
-        assert blocks[name][1] == "licence: unknown (a file you installed)"
+        assert blocks[name][1] == "licence: own (a file you installed)"
     for name, known in OFFICIAL_STYLES.items():
         assert blocks[name][0].startswith(f"pull with: flask animegan pull {name}")
-        assert blocks[name][1] == f"licence: {known.licence}"
+        assert blocks[name][1].startswith(f"licence: {known.licence} ({known.licence_note}) <")
         assert ("[faces: centre square]" in blocks[name][0]) is known.face
-    assert blocks["paprika"][1] == f"licence: {NONCOMMERCIAL}"
+    assert blocks["paprika"][1] == (
+        "licence: LicenseRef-AnimeGANv2-NonCommercial (non-commercial use only: converted "
+        "from the original AnimeGANv2 weights by TachibanaYoshino) "
+        "<https://github.com/TachibanaYoshino/AnimeGANv2#license>")
+    assert blocks["celeba_distill"][1] == ("licence: MIT (bryandlee/animegan2-pytorch) "
+                                           "<https://spdx.org/licenses/MIT.html>")
 
 
 def test_styles_honours_the_configured_default(make_app: Callable[..., Flask]) -> None:

@@ -29,7 +29,7 @@ from flask_animegan import Generator, load_generator
 from flask_animegan.runtime.catalog import NONCOMMERCIAL, OFFICIAL_STYLES
 from flask_animegan.runtime.weights import file_git_blob_sha1
 
-EXTRA_LICENCE = "CC-BY-4.0 (test weights made by the suite)"
+EXTRA_LICENCE = "CC-BY-4.0"
 
 
 def blob_sha1(data: bytes) -> str:
@@ -402,3 +402,23 @@ def test_git_blob_sha1_matches_git_hash_object(tmp_path: Path, data: bytes) -> N
     assert blob_sha1(data) == expected
     assert file_git_blob_sha1(path) == expected
 
+
+
+def test_pull_of_a_style_whose_licence_is_not_allowed_refuses(
+        pull: Callable[..., Result], server: WeightsServer, folder: Path,
+        weights_bytes: bytes) -> None:
+    """ANIMEGAN_ALLOWED_LICENCES: nothing is downloaded, and the message names the licence;
+    a style under an allowed licence still installs from the same server."""
+    mirror = server.base + "/weights"
+    server.serve("/weights/paprika.pt", weights_bytes)
+    url = server.serve("/mystyle.pt", weights_bytes)
+    config = {"ANIMEGAN_WEIGHTS_BASE_URL": mirror, "ANIMEGAN_ALLOWED_LICENCES": ["MIT", "CC-BY-4.0"],
+              "ANIMEGAN_EXTRA_STYLES": extra("mystyle", url, blob_sha1(weights_bytes))}
+    result = pull_outcome(pull, "paprika", **config)
+    assert_clean_failure(result)
+    assert (f"style 'paprika' is not offered here: its licence {NONCOMMERCIAL} is not among "
+            "this site's allowed licences (ANIMEGAN_ALLOWED_LICENCES); not downloaded") in result.output
+    assert server.requests == [] and list(folder.iterdir()) == []
+    assert pull("mystyle", **config).exit_code == 0
+    assert server.requests == ["/mystyle.pt"]
+    assert (folder / "mystyle.pt").read_bytes() == weights_bytes

@@ -76,7 +76,11 @@ REFUSED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_EXTRA_STYLES": [{"mine": "https://x/mine.pt"}, {"mine": ["url", "sha1"]},
                               {"Bad Name": {"url": "https://x", "sha1": "0" * 40}},
                               {"mine": {"url": "https://x/mine.pt"}},
-                              {"mine": {"url": "https://x/mine.pt", "sha1": "xyz"}}],
+                              {"mine": {"url": "https://x/mine.pt", "sha1": "xyz"}},
+                              {"mine": {"url": "https://x/mine.pt", "sha1": "0" * 40,
+                                        "licence": "CC BY 4.0"}}],
+    "ANIMEGAN_ALLOWED_LICENCES": [[], ["MIT OR Apache-2.0"], ["CC BY 4.0"], [5], ["-MIT"],
+                                  "MIT OR Apache-2.0", '["MIT", 5]', '["MIT"', "[]"],
 }
 #: Values each checked setting takes, beyond its default.
 ACCEPTED_STRINGS: dict[str, list[Any]] = {
@@ -92,6 +96,8 @@ ACCEPTED_STRINGS: dict[str, list[Any]] = {
     "ANIMEGAN_WEIGHTS_BASE_URL": ["", "http://127.0.0.1:8080/weights", "https://mirror.example"],
     "ANIMEGAN_EXTRA_STYLES": [{"mine": {"url": "https://x/mine.pt", "sha1": "0" * 40,
                                         "licence": "CC-BY", "face": True}}],
+    "ANIMEGAN_ALLOWED_LICENCES": [["MIT", "CC-BY-4.0", "own"],
+                                  ["LicenseRef-AnimeGANv2-NonCommercial"]],
     "ANIMEGAN_PAGE_DECORATORS": [["flask_login.login_required"], ["site.auth:members", "a.b"]],
     "ANIMEGAN_API_DECORATORS": [["flask_login.login_required"]],
     "ANIMEGAN_ADMIN_CHECK": ["site.auth.is_admin", "site.auth:is_admin"],
@@ -118,6 +124,8 @@ def wrong_types(setting: Setting) -> list[Any]:
         return [str(setting.example()), "1e3", True, False, [1.0], *missing]
     if setting.kind is dict:
         return ['{"mine": {}}', [], [("mine", {})], "", *missing]
+    if setting.kind is list:
+        return [5, 0.5, True, b"bytes", "a", {"a": 1}, *missing]
     return [5, 0.5, True, b"bytes", ["a"], {"a": 1}, *missing]  # str
 
 
@@ -371,9 +379,9 @@ def test_config_changed_after_init_app_is_not_read(tmp_path):
 
 
 # -- the registry's size, old names, gunicorn's settings, the derived groups ----------------
-def test_the_registry_is_one_list_of_at_most_58_names():
+def test_the_registry_is_one_list_of_at_most_59_names():
     names = [s.name for s in REGISTRY]
-    assert len(names) == len(set(names)) <= 58
+    assert len(names) == len(set(names)) <= 59
     assert not set(ALIASES) & set(names)  # an old name is no setting
     assert all(alias.new in names for alias in ALIASES.values() if alias.new)
     # AnimeGAN(**options) is typed by a TypedDict kept equal to the app's fields

@@ -316,7 +316,11 @@ def test_styles_lists_installed_and_pullable_with_licences(client):
     assert body["default"] == "other_style"
     assert styles["test_style"]["installed"] and styles["other_style"]["default"]
     assert not styles["paprika"]["installed"]
-    assert "non-commercial" in styles["paprika"]["licence"]
+    assert styles["paprika"]["licence"] == "LicenseRef-AnimeGANv2-NonCommercial"
+    assert "non-commercial" in styles["paprika"]["licence_note"]
+    assert styles["paprika"]["licence_url"].startswith("https://github.com/TachibanaYoshino/")
+    assert styles["test_style"]["licence"] == "own" and styles["test_style"]["licence_url"] is None
+    assert styles["celeba_distill"]["licence_url"] == "https://spdx.org/licenses/MIT.html"
     assert styles["face_paint_512_v2"]["face_crop"] is True
     assert {"paprika", "celeba_distill", "face_paint_512_v1", "face_paint_512_v2"} <= set(styles)
 

@@ -44,6 +44,7 @@ Examples:
   flask --app example_app animegan pull paprika
   flask --app example_app animegan convert photos/ -o anime/
   flask --app example_app animegan export paprika --torchscript paprika.ts
+  flask --app example_app animegan export paprika --format onnx -o paprika.onnx
   flask --app example_app animegan bench --quick
 """
 
@@ -90,12 +91,22 @@ def styles_command() -> None:
             state = f"pull with: flask animegan pull {style['name']}"
         crop = "  [faces: centre square]" if style["face_crop"] else ""
         click.echo(f"{style['name']:<20} {state}{crop}")
-        click.echo(f"{'':<20} licence: {style['licence']}")
+        click.echo(f"{'':<20} licence: {_licence_line(style)}")
         details = service.engine.pool.broken_details().get(style["name"])
         if details:
             click.echo(f"{'':<20} error: {details}")
     for file_name, why in service.engine.registry.skipped.items():
         click.echo(f"{file_name!r:<20} SKIPPED: {why}")
+    for name, refused in sorted(service.engine.registry.refused.items()):
+        click.echo(f"{name:<20} NOT ALLOWED: licence {refused.licence} is not among "
+                   "ANIMEGAN_ALLOWED_LICENCES")
+
+
+def _licence_line(style: dict[str, Any]) -> str:
+    """``MIT (bryandlee/animegan2-pytorch) <https://...>``: the id, its note, its page."""
+    note = f" ({style['licence_note']})" if style["licence_note"] else ""
+    url = f" <{style['licence_url']}>" if style["licence_url"] else ""
+    return f"{style['licence']}{note}{url}"
 
 
 class _DownloadProgress:
@@ -136,6 +147,11 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
     """
     service = get_service()
     catalog = service.engine.catalog
+    refused = service.engine.registry.refused.get(name)
+    if refused is not None:
+        raise click.ClickException(
+            f"{service.engine.registry.policy.refusal(refused)}; not downloaded. Add "
+            f"{refused.licence} to ANIMEGAN_ALLOWED_LICENCES if this site may use it")
     if name not in catalog:
         raise click.ClickException(f"unknown style {name!r}; pullable styles: "
                                    f"{', '.join(sorted(catalog))}")
@@ -144,7 +160,9 @@ def pull_command(name: str, force: bool, base_url: str | None) -> None:
     if target.exists() and not force:
         click.echo(f"{name} is already installed at {target} (use --force to download again)")
         return
-    click.echo(f"{name}: {style.description or '(no description)'}\nlicence: {style.licence}")
+    click.echo(f"{name}: {style.description or '(no description)'}\n"
+               f"licence: {style.licence}" + (f" ({style.licence_note})" if style.licence_note
+                                              else ""))
     base = base_url or service.settings.weights_base_url
     progress = _DownloadProgress(f"downloading {name}")
     try:
@@ -308,19 +326,37 @@ def _convert_moving(path: Path, data: bytes, info: MediaInfo, request: ConvertRe
 
 @cli.command("export")
 @click.argument("name")
-@click.option("--torchscript", "target", required=True, metavar="PATH",
+@click.option("--format", "fmt", type=click.Choice(["torchscript", "onnx"]),
+              help="torchscript (for torch.jit.load) or onnx (onnxruntime, on phones and in "
+                   "browsers; needs pip install 'flask-animegan[onnx]'); default: from the "
+                   "output's suffix (.onnx: onnx).")
+@click.option("--output", "-o", "target", metavar="PATH",
+              type=click.Path(dir_okay=False, path_type=Path), help="Where to write the model.")
+@click.option("--torchscript", "torchscript", metavar="PATH",
               type=click.Path(dir_okay=False, path_type=Path),
-              help="Where to write the TorchScript file.")
-def export_command(name: str, target: Path) -> None:
-    """Save the installed style NAME as a TorchScript file, checked against the original.
+              help="Same as --format torchscript --output PATH.")
+def export_command(name: str, fmt: str | None, target: Path | None,
+                   torchscript: Path | None) -> None:
+    """Save the installed style NAME as TorchScript or ONNX, checked against the original.
 
-    It runs without this package: torch.jit.load(PATH) maps an (N, 3, H, W) tensor in
-    [-1, 1] to the anime picture in [-1, 1].
+    Both map an (N, 3, H, W) RGB tensor in [-1, 1] to the anime picture in [-1, 1], of any
+    height and width, without this package. ONNX writes a model card beside the model
+    (NAME.card.json: licence, input, sizes, opset). Styles whose licence
+    ANIMEGAN_ALLOWED_LICENCES does not allow are not exported.
 
     \b
-    Example:
+    Examples:
+      flask --app example_app animegan export toon_demo --format onnx --output toon_demo.onnx
       flask --app example_app animegan export toon_demo --torchscript toon_demo.ts
     """
+    if torchscript is not None:
+        if target is not None or fmt == "onnx":
+            raise click.UsageError("--torchscript PATH is --format torchscript --output PATH: "
+                                   "give one of the two")
+        target, fmt = torchscript, "torchscript"
+    if target is None:
+        raise click.UsageError("give --output PATH (or --torchscript PATH)")
+    fmt = fmt or ("onnx" if target.suffix.lower() == ".onnx" else "torchscript")
     service = get_service()
     try:
         style = service.engine.style(name)
@@ -328,6 +364,24 @@ def export_command(name: str, target: Path) -> None:
         model = load_generator(style.path)
     except (ConversionError, WeightsError) as exc:
         raise click.ClickException(str(exc)) from None
+    if fmt == "onnx":
+        from ..runtime.onnx_export import ExportError, card_path, export_onnx
+
+        try:
+            card = export_onnx(model, style, target, max_side=service.settings.max_side)
+        except ExportError as exc:
+            raise click.ClickException(str(exc)) from None
+        checked = ", ".join(f"{size} px {db} dB" for size, db in
+                            card["checked"]["psnr_db_against_torch_fp32"].items())
+        click.echo(f"exported {name} to {target} ({card['bytes'] / 2**20:.1f} MiB, ONNX opset "
+                   f"{card['opset']}, licence {style.licence}; onnxruntime against torch: "
+                   f"{checked}); model card: {card_path(target)}")
+        return
+    _export_torchscript(name, style.path, model, target)
+
+
+def _export_torchscript(name: str, source: Path, model: torch.nn.Module, target: Path) -> None:
+    """Script ``model``, save it to ``target`` once the reloaded file matches it."""
     with torchscript_quietly():  # TorchScript files still load everywhere
         scripted = torch.jit.script(model)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -339,7 +393,7 @@ def export_command(name: str, target: Path) -> None:
             with torch.inference_mode():
                 difference = (reloaded(probe) - model(probe)).abs().max().item()
             if difference > 1e-4:
-                raise click.ClickException(f"the exported model differs from {style.path} "
+                raise click.ClickException(f"the exported model differs from {source} "
                                            f"(max abs difference {difference:.2g}); not saved")
             os.replace(partial, target)
         finally:

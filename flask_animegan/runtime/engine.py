@@ -25,7 +25,7 @@ from .backends import REFERENCE, Backend, Choice, Runner, open_backends, to_pixe
 from .backends.base import default_cache_dir, weights_digest
 from .backends.fidelity import fidelity_db, min_db
 from .backends.torch import TorchRunner
-from .catalog import StyleInfo
+from .catalog import EVERY_LICENCE, LicencePolicy, StyleInfo
 from .generator import Generator
 from .models import LoadedStyle, LoadEvents, ModelPool
 from .precision import DTYPES, fastest
@@ -57,9 +57,10 @@ class InferenceEngine:
                  default_style: str | None, max_loaded: int, max_queue: int,
                  queue_timeout: float, precision: str, backend: str = "auto",
                  model_cache_dir: Path | None = None, events: EngineEvents | None = None,
-                 shipped_dir: Path | None = SHIPPED_STYLES_DIR) -> None:
+                 shipped_dir: Path | None = SHIPPED_STYLES_DIR,
+                 policy: LicencePolicy = EVERY_LICENCE) -> None:
         self.registry = StyleRegistry(models_dir, catalog, default_style,
-                                      shipped_dir=shipped_dir)
+                                      shipped_dir=shipped_dir, policy=policy)
         self.requested_backend = backend
         self.requested_precision = precision
         self._model_cache_dir = model_cache_dir
@@ -106,7 +107,8 @@ class InferenceEngine:
                    queue_timeout=settings.queue_timeout, precision=settings.precision,
                    backend=settings.backend, model_cache_dir=model_cache_dir(settings),
                    events=events,
-                   shipped_dir=SHIPPED_STYLES_DIR if settings.shipped_styles else None)
+                   shipped_dir=SHIPPED_STYLES_DIR if settings.shipped_styles else None,
+                   policy=LicencePolicy.of(settings.allowed_licences))
 
     # -- styles (the registry's) ---------------------------------------------------
     @property

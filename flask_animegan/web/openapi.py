@@ -56,10 +56,16 @@ def _path(name: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
 def _conversion_parameters() -> list[dict[str, Any]]:
     service = get_service()
     largest, side = service.sizes.photo, service.sizes.default
-    installed = sorted(service.engine.styles)
+    installed = service.engine.styles
+    licences = {name: {"licence": style.licence, "url": style.licence_url}
+                for name, style in sorted(installed.items())}
+    style = _query("style", {"type": "string", "enum": sorted(installed)},
+                   "An installed style (GET /styles); unset: the default style. Licences: "
+                   + "; ".join(f"{name} {entry['licence']}"
+                               + (f" <{entry['url']}>" if entry["url"] else "")
+                               for name, entry in licences.items()))
     return [
-        _query("style", {"type": "string", "enum": installed},
-               "An installed style (GET /styles); unset: the default style"),
+        {**style, "x-licences": licences},
         _query("size", {"type": "integer", "minimum": 16, "maximum": largest},
                f"Long side of the output in pixels; unset: {side}. Over "
                f"{side}, it costs ceil((size / {side})^2) conversions "
@@ -225,7 +231,13 @@ _COMPONENTS: dict[str, Any] = {
             "default": {"type": ["string", "null"]},
             "styles": {"type": "array", "items": {"type": "object", "required": [
                 "name", "installed"], "properties": {
-                    "name": {"type": "string"}, "installed": {"type": "boolean"}}}}}},
+                    "name": {"type": "string"}, "installed": {"type": "boolean"},
+                    "licence": {"type": "string", "description": (
+                        "SPDX licence identifier, LicenseRef-AnimeGANv2-NonCommercial (the "
+                        "original AnimeGANv2 weights: non-commercial use only), or own (a "
+                        "file put into the models folder)")},
+                    "licence_url": {"type": ["string", "null"], "format": "uri"},
+                    "licence_note": {"type": "string"}}}}}},
         "Health": {"type": "object", "required": ["status"], "properties": {
             "status": {"type": "string"}}},
         "Job": {"type": "object", "required": ["id", "state", "url"], "properties": {
