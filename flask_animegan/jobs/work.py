@@ -10,13 +10,14 @@ from __future__ import annotations
 import io
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from flask import current_app
 from PIL import Image
 
 from ..config import JOB_SECONDS_PER_FRAME, JOB_STALL_SECONDS, Settings
 from ..convert.converter import Converter
+from ..convert.costs import frames_cost
 from ..convert.request import ConvertRequest, Options
 from ..errors import ConversionError, Overloaded
 from ..inputs.decoding import to_rgb
@@ -38,6 +39,14 @@ SWEEP_EVERY = 5.0
 STALLED = "the worker converting it stopped; send the file again"
 NO_WORKER = "no worker is running: the site's administrator has been told"
 INTERNAL = "the conversion failed on the server; try again, or send another file"
+
+
+class Allowance(Protocol):
+    """The client's allowance in the rate limit's storage, as a worker reaches it."""
+
+    def take(self, key: list[str], amount: int) -> bool: ...
+
+    def refund(self, key: list[str], amount: int) -> None: ...
 
 
 class JobCancelled(Exception):
@@ -80,6 +89,8 @@ class Jobs:
         #: where a still photo is sent instead
         self.convert_url = convert_url
         self._warned_at: float | None = None  # the last warning that no worker runs
+        #: where a job's frames are charged as they are decoded (None: no rate limit)
+        self.allowance: Allowance | None = None
         queue.sweep_with(self.sweep, self.sweep_every)
         queue.when_abandoned(self.abandoned)
 
@@ -95,14 +106,17 @@ class Jobs:
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
                client: str, colors: str = "off", output_format: str | None = None,
-               portrait: str = "off", tiles: int = 0) -> JobRecord:
+               portrait: str = "off", tiles: int = 0, charge_key: list[str] | None = None,
+               charged: int = 0) -> JobRecord:
         """Make a job of a probed upload (a still: a photo of ``tiles`` tiles, written in
-        ``output_format``) and queue it; Overloaded if the queue or store refuse."""
+        ``output_format``) and queue it; Overloaded if the queue or store refuse.
+        ``charged``: conversions taken at the door from the allowance keyed ``charge_key``."""
         photo = info.kind == "still"
         record = self.store.create(
             data, client=client, style=style, size=size,
             kind="photo" if photo else info.kind, format=info.format,
-            frames_total=info.frames, colors=colors,
+            frames_total=info.frames, colors=colors, charge_key=charge_key or [],
+            charged=charged,
             **({"output_format": output_format or "jpeg", "portrait": portrait,
                 "tiles_total": tiles} if photo else {}))
         if record is None:
@@ -301,6 +315,7 @@ class Jobs:
         def progress(done: int, reused: int) -> None:
             nonlocal last_report
             record.frames_done, record.frames_reused = done, reused
+            self._charge_frames(record)
             if self.queue.stopping:
                 raise WorkerStopping
             if time.monotonic() > deadline:
@@ -374,6 +389,32 @@ class Jobs:
         record.tiles_done = record.tiles_total
         self._finish(record, JobState.DONE, None)
 
+    def _charge_frames(self, record: JobRecord) -> None:
+        """Take from the client's allowance as the frames decoded pass what was charged;
+        ConversionError when it has no room left."""
+        if self.allowance is None or not record.charge_key:
+            return
+        needed = frames_cost(record.frames_done)
+        if needed <= record.charged:
+            return
+        if not self.allowance.take(record.charge_key, needed - record.charged):
+            raise ConversionError(
+                f"the rate limit ran out after {record.frames_done - 1} frames: this file "
+                f"has more frames than its header says, and they count as conversions; "
+                "send a shorter clip, or try again when your limit has room")
+        record.charged = needed
+        self._report(record, None)  # stored at once, so that a refund counts it
+
+    def _refund(self, record: JobRecord) -> None:
+        """Give back what the door took beyond the frames decoded (a header without a
+        count was charged the most the limits allow)."""
+        if self.allowance is None or not record.charge_key or record.kind == "photo":
+            return
+        unused = record.charged - max(1, frames_cost(record.frames_done))
+        if unused > 0:
+            self.allowance.refund(record.charge_key, unused)
+            record.charged -= unused
+
     def _report(self, record: JobRecord, started: float | None) -> None:
         """Progress and heartbeat; stops the run when cancelled or taken over."""
         self._check_owner(record)
@@ -394,6 +435,7 @@ class Jobs:
         record.state, record.error = state, error
         record.finished_at = record.updated_at = time.time()
         record.eta_s = 0.0 if state == JobState.DONE else None
+        self._refund(record)
         self.store.update(record)
         self.store.drop_input(record.id)
         return record
