@@ -240,17 +240,17 @@ class JobAllowance:
     Limiter's storage under the key its door recorded (``charge_key``)."""
 
     def __init__(self, limiter: Callable[[], Limiter], rate_limit: str | None) -> None:
-        self._limiter = limiter
-        self._items = parse_many(rate_limit) if rate_limit else []
+        self.counting = limiter
+        self.items = parse_many(rate_limit) if rate_limit else []
 
     def take(self, key: list[str], amount: int) -> bool:
         """Take ``amount`` conversions from the client's allowance; False (none taken) when
         they do not fit. A storage that fails counts as room (as the door's check)."""
-        strategy = self._limiter().limiter
+        strategy = self.counting().limiter
         try:
-            if not all(strategy.test(item, *key, cost=amount) for item in self._items):
+            if not all(strategy.test(item, *key, cost=amount) for item in self.items):
                 return False
-            for item in self._items:
+            for item in self.items:
                 strategy.hit(item, *key, cost=amount)
         except Exception:  # a host Limiter's storage failed
             log.warning("flask_animegan: a job's frames could not be counted", exc_info=True)
@@ -259,11 +259,11 @@ class JobAllowance:
     def refund(self, key: list[str], amount: int) -> None:
         """Give back up to ``amount`` conversions still counted in the current window (a
         fixed window's count; other strategies keep what they took)."""
-        limiter = self._limiter()
+        limiter = self.counting()
         if not isinstance(limiter.limiter, FixedWindowRateLimiter):
             return
         try:
-            for item in self._items:
+            for item in self.items:
                 counted = item.key_for(*key)
                 back = min(amount, limiter.storage.get(counted))
                 if back > 0:
