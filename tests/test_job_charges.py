@@ -15,6 +15,7 @@ from media import camera_move
 from test_jobs_api import SIZE, post_job, wait_for
 
 from flask_animegan.config import FRAMES_PER_CONVERSION
+from flask_animegan.jobs.records import JobState
 
 LIMIT = 10  # conversions a minute
 #: More frames than the limit pays for: the job must stop at LIMIT * FRAMES_PER_CONVERSION.
@@ -126,3 +127,42 @@ def test_an_honest_file_is_charged_its_frames_once(limited):
     job = wait_for(client, response.headers["Location"])[-1]
     assert job["state"] == "done" and job["frames_done"] == 60, job
     assert _remaining(client) == LIMIT - 3
+
+
+@pytest.mark.redis
+@pytest.mark.server
+def test_in_an_rq_worker_a_lying_container_is_charged_its_frames(
+        make_app, redis_server, models_dir, tmp_path):
+    """The worker is another process: it charges through the limit's Redis under the key
+    the door recorded on the job."""
+    from test_jobs_workers import (
+        SECRET,
+        TIMEOUT,
+        Workers,
+        wait_for_state,
+        wait_for_workers,
+        worker_env,
+    )
+
+    limit = f"{LIMIT} per minute"
+    app = make_app(ANIMEGAN_STORAGE_URI=redis_server.uri, SECRET_KEY=SECRET,
+                   ANIMEGAN_JOB_WORKER_TIMEOUT=TIMEOUT, ANIMEGAN_RATE_LIMIT=limit)
+    service = app.extensions["animegan"]
+    client = app.test_client()
+    env = {**worker_env(models_dir, redis_server.uri, TIMEOUT), "ANIMEGAN_RATE_LIMIT": limit}
+    workers = Workers(env, tmp_path)
+    try:
+        workers.start("charges")
+        wait_for_workers(service, 1)
+        response = post_job(client, short_mkv(FRAMES), "raw", size=str(SIZE))
+        assert response.status_code == 202, response.get_json()
+        assert response.headers["X-RateLimit-Remaining"] == str(LIMIT - 1)
+        record = wait_for_state(service, response.get_json()["id"],
+                                lambda r: r.finished, timeout=180)
+        assert record.state == JobState.FAILED, record
+        paid = LIMIT * FRAMES_PER_CONVERSION
+        assert f"the rate limit ran out after {paid} frames" in (record.error or "")
+        assert record.charged == LIMIT
+        assert _remaining(client) == 0  # taken in Redis by the worker, read by the web app
+    finally:
+        workers.stop()
