@@ -89,3 +89,18 @@ def test_the_http_docs_state_the_rule_in_one_sentence():
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "http-api.md").read_text()
     assert f"**The rule, in one sentence: {COST_RULE}.**" in text
+
+
+def test_a_photo_job_in_tiles_is_charged_its_faces_too(make_app):
+    from test_jobs_api import wait_for
+
+    client = make_app(ANIMEGAN_RATE_LIMIT="50 per minute",
+                      ANIMEGAN_MAX_OUTPUT_SIDE=1536).test_client()
+    response = client.post("/animegan/jobs?portrait=on&size=1000",
+                           data=encode_image(group(8), quality=92), content_type="image/jpeg")
+    assert response.status_code == 202, response.get_json()
+    pixels = work_cost(side=128, cap=50, size=(1000, 500))  # the test app's 128-px side
+    assert response.headers["X-RateLimit-Remaining"] == str(50 - pixels)
+    job = wait_for(client, response.headers["Location"])[-1]
+    assert job["state"] == "done", job
+    assert _remaining(client) == 50 - pixels - 8

@@ -44,7 +44,10 @@ INTERNAL = "the conversion failed on the server; try again, or send another file
 class Allowance(Protocol):
     """The client's allowance in the rate limit's storage, as a worker reaches it."""
 
-    def take(self, key: list[str], amount: int) -> bool: ...
+    @property
+    def cap(self) -> int: ...
+
+    def take(self, key: list[str], amount: int, *, room: bool = True) -> bool: ...
 
     def refund(self, key: list[str], amount: int) -> None: ...
 
@@ -380,6 +383,7 @@ class Jobs:
         conversion = self.converter.photo(data, request, scope, progress=progress,
                                           on_busy=busy)
         self._check_owner(record)
+        self._charge_faces(record, conversion.faces or 0)
         small = preview(conversion.data, self.converter.quality)
         if not self.store.put_result(record.id, conversion.data, small):
             raise ConversionError("the result could not be stored (the job store is full "
@@ -404,6 +408,16 @@ class Jobs:
                 "send a shorter clip, or try again when your limit has room")
         record.charged = needed
         self._report(record, None)  # stored at once, so that a refund counts it
+
+    def _charge_faces(self, record: JobRecord, faces: int) -> None:
+        """Portrait mode's faces, an inference each, on top of the pixels the door charged
+        (at most the whole limit, as every photo); taken even when the limit has no room."""
+        if self.allowance is None or not record.charge_key or not faces:
+            return
+        total = min(self.allowance.cap, record.charged + faces)
+        if total > record.charged:
+            self.allowance.take(record.charge_key, total - record.charged, room=False)
+            record.charged = total
 
     def _refund(self, record: JobRecord) -> None:
         """Give back what the door took beyond the frames decoded (a header without a

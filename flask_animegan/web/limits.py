@@ -243,12 +243,19 @@ class JobAllowance:
         self.counting = limiter
         self.items = parse_many(rate_limit) if rate_limit else []
 
-    def take(self, key: list[str], amount: int) -> bool:
+    @property
+    def cap(self) -> int:
+        """The most one piece of work may cost: the smallest limit's amount."""
+        return min(item.amount for item in self.items) if self.items else 1
+
+    def take(self, key: list[str], amount: int, *, room: bool = True) -> bool:
         """Take ``amount`` conversions from the client's allowance; False (none taken) when
-        they do not fit. A storage that fails counts as room (as the door's check)."""
+        they do not fit and ``room`` is asked for (``room=False``: work already done, taken
+        anyway). A storage that fails counts as room (as the door's check)."""
         strategy = self.counting().limiter
         try:
-            if not all(strategy.test(item, *key, cost=amount) for item in self.items):
+            if room and not all(strategy.test(item, *key, cost=amount)
+                                for item in self.items):
                 return False
             for item in self.items:
                 strategy.hit(item, *key, cost=amount)
