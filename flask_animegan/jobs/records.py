@@ -64,7 +64,8 @@ class JobRecord:
     result_mimetype: str | None = None
     attempts: int = 0  # runs started (a stalled job is run again once)
     cancel_requested: bool = False
-    #: the rate limit's key of the client (its request args), where the frames are charged
+    #: the rate limit's key of the client (its request args), where the frames are charged;
+    #: emptied when the job ends
     charge_key: list[str] = field(default_factory=list)
     charged: int = 0  # conversions taken from the client's allowance so far
 

@@ -450,6 +450,7 @@ class Jobs:
         record.finished_at = record.updated_at = time.time()
         record.eta_s = 0.0 if state == JobState.DONE else None
         self._refund(record)
+        record.charge_key = []  # the client's key in clear: kept only while the job runs
         self.store.update(record)
         self.store.drop_input(record.id)
         return record
