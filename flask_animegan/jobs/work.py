@@ -16,7 +16,7 @@ from flask import current_app
 from PIL import Image
 
 from ..config import JOB_SECONDS_PER_FRAME, JOB_STALL_SECONDS, Settings
-from ..convert.converter import Converter
+from ..convert.converter import Converter, StopFrames
 from ..convert.costs import frames_cost
 from ..convert.request import ConvertRequest, Options
 from ..errors import ConversionError, Overloaded
@@ -343,7 +343,7 @@ class Jobs:
                                   "or unavailable); try again later")
         record.result_mimetype = result.mimetype
         record.frames_total = record.frames_done
-        self._finish(record, JobState.DONE, None)
+        self._finish(record, JobState.DONE, result.stopped)
 
     def _convert_photo(self, record: JobRecord, data: bytes) -> None:
         """A photo in tiles: the Converter's photo path, reporting tile by tile."""
@@ -395,17 +395,17 @@ class Jobs:
 
     def _charge_frames(self, record: JobRecord) -> None:
         """Take from the client's allowance as the frames decoded pass what was charged;
-        ConversionError when it has no room left."""
+        StopFrames (the result ends there) when it has no room left."""
         if self.allowance is None or not record.charge_key:
             return
         needed = frames_cost(record.frames_done)
         if needed <= record.charged:
             return
         if not self.allowance.take(record.charge_key, needed - record.charged):
-            raise ConversionError(
+            raise StopFrames(
                 f"the rate limit ran out after {record.frames_done - 1} frames: this file "
-                f"has more frames than its header says, and they count as conversions; "
-                "send a shorter clip, or try again when your limit has room")
+                "has more frames than its header says, and they count as conversions; the "
+                "result ends there. Send a shorter clip, or try again when your limit has room")
         record.charged = needed
         self._report(record, None)  # stored at once, so that a refund counts it
 
