@@ -218,6 +218,8 @@ class AnimeGAN:
                                   partial(ratelimit.counting_limiter, app.extensions, own),
                                   own, metrics, jobs, render_template=render_template)
         service.cli_command = _cli.site_command(app)
+        if settings.rate_limit:
+            jobs.allowance = ratelimit.JobAllowance(lambda: service.limiter, settings.rate_limit)
         app.extensions[EXTENSION_KEY] = service
         app.register_blueprint(blueprint, url_prefix=settings.url_prefix)
         _check_no_route_is_shadowed(app, settings.url_prefix)

@@ -314,6 +314,7 @@ def test_a_client_whose_worker_died_is_not_refused_for_it(make_app):
 
 def test_a_job_counts_against_the_rate_limit_by_its_frames(make_app, monkeypatch):
     monkeypatch.setattr("flask_animegan.web.uploads.FRAMES_PER_CONVERSION", 5)
+    monkeypatch.setattr("flask_animegan.convert.costs.FRAMES_PER_CONVERSION", 5)
     client = make_app(ANIMEGAN_RATE_LIMIT="5 per minute",
                       ANIMEGAN_JOBS_PER_CLIENT=10).test_client()
     response = post_job(client, gif_from_photos(12), size=str(SIZE))  # 3 conversions
@@ -330,6 +331,7 @@ def test_a_job_counts_against_the_rate_limit_by_its_frames(make_app, monkeypatch
 
 def test_a_file_longer_than_the_whole_rate_limit_says_so(make_app, monkeypatch):
     monkeypatch.setattr("flask_animegan.web.uploads.FRAMES_PER_CONVERSION", 2)
+    monkeypatch.setattr("flask_animegan.convert.costs.FRAMES_PER_CONVERSION", 2)
     client = make_app(ANIMEGAN_RATE_LIMIT="3 per minute").test_client()
     response = post_job(client, gif_from_photos(10), size=str(SIZE))  # 5 > 3
     assert response.status_code == 429 and "send a shorter clip" in response.get_json()["error"]

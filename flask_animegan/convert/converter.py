@@ -76,10 +76,16 @@ class MediaResult:
     data: bytes
     mimetype: str
     preview: bytes
+    stopped: str | None = None  # why it ends before the upload's last frame (StopFrames)
 
 
 #: Called after each frame with (frames done, frames reused); raising stops the run.
 Progress = Callable[[int, int], None]
+
+
+class StopFrames(Exception):
+    """Raised by a Progress callback: the result ends with the frames written so far, and
+    its ``stopped`` says why (the exception's message)."""
 
 
 class _Laps:
@@ -412,6 +418,7 @@ class Converter:
                                      total_timeout=timeout_total)
         done = reused = 0
         first: Image.Image | None = None
+        stopped: str | None = None
         try:
             for frame, picture, again in self.frames(frames, style.name,
                                                      request.options.colors, on_busy,
@@ -420,14 +427,19 @@ class Converter:
                 writer.add(picture, frame.duration_ms, frame.disposal, pts=frame.pts)
                 done, reused = done + 1, reused + again
                 if progress is not None:
-                    progress(done, reused)
+                    try:
+                        progress(done, reused)
+                    except StopFrames as stop:
+                        stopped = str(stop)
+                        break
             if first is None:
                 raise ConversionError("the file holds no frame to convert")
             result = self._signed(writer.finish(), mimetype, label, data)
         finally:
             writer.close()  # an abandoned result: its temporary file goes
             getattr(frames, "close", lambda: None)()  # the helper, killed
-        return MediaResult(result, mimetype, encoders.preview(first, self.quality, label))
+        return MediaResult(result, mimetype, encoders.preview(first, self.quality, label),
+                           stopped)
 
 
 def strip(crops: list[Image.Image]) -> Image.Image:

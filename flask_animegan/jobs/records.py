@@ -10,7 +10,7 @@ import json
 import re
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -65,6 +65,10 @@ class JobRecord:
     result_mimetype: str | None = None
     attempts: int = 0  # runs started (a stalled job is run again once)
     cancel_requested: bool = False
+    #: the rate limit's key of the client (its request args), where the frames are charged;
+    #: emptied when the job ends
+    charge_key: list[str] = field(default_factory=list)
+    charged: int = 0  # conversions taken from the client's allowance so far
 
     @property
     def finished(self) -> bool:

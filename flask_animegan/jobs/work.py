@@ -10,13 +10,14 @@ from __future__ import annotations
 import io
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from flask import current_app
 from PIL import Image
 
 from ..config import JOB_SECONDS_PER_FRAME, JOB_STALL_SECONDS, Settings
-from ..convert.converter import Converter
+from ..convert.converter import Converter, StopFrames
+from ..convert.costs import frames_cost
 from ..convert.request import ConvertRequest, Options
 from ..errors import ConversionError, Overloaded
 from ..inputs.decoding import to_rgb
@@ -38,6 +39,17 @@ SWEEP_EVERY = 5.0
 STALLED = "the worker converting it stopped; send the file again"
 NO_WORKER = "no worker is running: the site's administrator has been told"
 INTERNAL = "the conversion failed on the server; try again, or send another file"
+
+
+class Allowance(Protocol):
+    """The client's allowance in the rate limit's storage, as a worker reaches it."""
+
+    @property
+    def cap(self) -> int: ...
+
+    def take(self, key: list[str], amount: int, *, room: bool = True) -> bool: ...
+
+    def refund(self, key: list[str], amount: int) -> None: ...
 
 
 class JobCancelled(Exception):
@@ -80,6 +92,8 @@ class Jobs:
         #: where a still photo is sent instead
         self.convert_url = convert_url
         self._warned_at: float | None = None  # the last warning that no worker runs
+        #: where a job's frames are charged as they are decoded (None: no rate limit)
+        self.allowance: Allowance | None = None
         queue.sweep_with(self.sweep, self.sweep_every)
         queue.when_abandoned(self.abandoned)
 
@@ -95,14 +109,17 @@ class Jobs:
 
     def submit(self, data: bytes, info: MediaInfo, *, style: str, size: int,
                client: str, colors: str = "off", output_format: str | None = None,
-               portrait: str = "off", tiles: int = 0, strength: int = 100) -> JobRecord:
+               portrait: str = "off", tiles: int = 0, strength: int = 100,
+               charge_key: list[str] | None = None, charged: int = 0) -> JobRecord:
         """Make a job of a probed upload (a still: a photo of ``tiles`` tiles, written in
-        ``output_format``) and queue it; Overloaded if the queue or store refuse."""
+        ``output_format``) and queue it; Overloaded if the queue or store refuse.
+        ``charged``: conversions taken at the door from the allowance keyed ``charge_key``."""
         photo = info.kind == "still"
         record = self.store.create(
             data, client=client, style=style, size=size,
             kind="photo" if photo else info.kind, format=info.format,
             frames_total=info.frames, colors=colors, strength=strength,
+            charge_key=charge_key or [], charged=charged,
             **({"output_format": output_format or "jpeg", "portrait": portrait,
                 "tiles_total": tiles} if photo else {}))
         if record is None:
@@ -302,6 +319,7 @@ class Jobs:
         def progress(done: int, reused: int) -> None:
             nonlocal last_report
             record.frames_done, record.frames_reused = done, reused
+            self._charge_frames(record)
             if self.queue.stopping:
                 raise WorkerStopping
             if time.monotonic() > deadline:
@@ -326,7 +344,7 @@ class Jobs:
                                   "or unavailable); try again later")
         record.result_mimetype = result.mimetype
         record.frames_total = record.frames_done
-        self._finish(record, JobState.DONE, None)
+        self._finish(record, JobState.DONE, result.stopped)
 
     def _convert_photo(self, record: JobRecord, data: bytes) -> None:
         """A photo in tiles: the Converter's photo path, reporting tile by tile."""
@@ -367,6 +385,7 @@ class Jobs:
         conversion = self.converter.photo(data, request, scope, progress=progress,
                                           on_busy=busy)
         self._check_owner(record)
+        self._charge_faces(record, conversion.faces or 0)
         small = preview(conversion.data, self.converter.quality)
         if not self.store.put_result(record.id, conversion.data, small):
             raise ConversionError("the result could not be stored (the job store is full "
@@ -375,6 +394,42 @@ class Jobs:
         record.frames_done = 1
         record.tiles_done = record.tiles_total
         self._finish(record, JobState.DONE, None)
+
+    def _charge_frames(self, record: JobRecord) -> None:
+        """Take from the client's allowance as the frames decoded pass what was charged;
+        StopFrames (the result ends there) when it has no room left."""
+        if self.allowance is None or not record.charge_key:
+            return
+        needed = frames_cost(record.frames_done)
+        if needed <= record.charged:
+            return
+        if not self.allowance.take(record.charge_key, needed - record.charged):
+            raise StopFrames(
+                f"the rate limit ran out after {record.frames_done - 1} frames: this file "
+                "has more frames than its header says, and they count as conversions; the "
+                "result ends there. Send a shorter clip, or try again when your limit has room")
+        record.charged = needed
+        self._report(record, None)  # stored at once, so that a refund counts it
+
+    def _charge_faces(self, record: JobRecord, faces: int) -> None:
+        """Portrait mode's faces, an inference each, on top of the pixels the door charged
+        (at most the whole limit, as every photo); taken even when the limit has no room."""
+        if self.allowance is None or not record.charge_key or not faces:
+            return
+        total = min(self.allowance.cap, record.charged + faces)
+        if total > record.charged:
+            self.allowance.take(record.charge_key, total - record.charged, room=False)
+            record.charged = total
+
+    def _refund(self, record: JobRecord) -> None:
+        """Give back what the door took beyond the frames decoded (a header without a
+        count was charged the most the limits allow)."""
+        if self.allowance is None or not record.charge_key or record.kind == "photo":
+            return
+        unused = record.charged - max(1, frames_cost(record.frames_done))
+        if unused > 0:
+            self.allowance.refund(record.charge_key, unused)
+            record.charged -= unused
 
     def _report(self, record: JobRecord, started: float | None) -> None:
         """Progress and heartbeat; stops the run when cancelled or taken over."""
@@ -396,6 +451,8 @@ class Jobs:
         record.state, record.error = state, error
         record.finished_at = record.updated_at = time.time()
         record.eta_s = 0.0 if state == JobState.DONE else None
+        self._refund(record)
+        record.charge_key = []  # the client's key in clear: kept only while the job runs
         self.store.update(record)
         self.store.drop_input(record.id)
         return record

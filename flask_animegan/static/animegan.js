@@ -518,6 +518,7 @@
     download.href = job.download_url;
     download.download = stemOf(photo.name) + "-" + job.style + "." + (ext[job.result_mimetype] || "bin");
     download.hidden = false;
+    if (job.error) jobStatus.textContent = sentence(job.error);  // a result that ends early says why
     jobCancel.hidden = true;
     jobPanel.focus();
   }

@@ -9,7 +9,7 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,9 +23,11 @@ from limits.storage import (
     storage_from_string,
 )
 from limits.storage import Storage as CountStorage
+from limits.strategies import FixedWindowRateLimiter
 from werkzeug.exceptions import HTTPException
 
 from ..config import Settings, StorageURIs, uri_scheme
+from ..convert.costs import work_cost
 from ..convert.request import parse_size
 from ..errors import BadParameter
 from ..service import get_service
@@ -222,19 +224,64 @@ def charge(amount: int) -> None:
     setattr(g, _CHARGE, amount)
 
 
-def pixel_cost(size: tuple[int, int]) -> int:
-    """What a conversion the model makes at ``size`` costs: one per ANIMEGAN_MAX_SIDE squared
-    pixels begun, capped by the smallest limit so that no photo is refused forever."""
-    side = get_service().sizes.default
-    return min(_cap(), max(1, math.ceil(size[0] * size[1] / side ** 2)))
+def pixel_cost(size: tuple[int, int], faces: int = 0) -> int:
+    """What a conversion the model makes at ``size`` costs, ``faces`` converted apart by
+    portrait mode (:func:`~flask_animegan.convert.costs.work_cost`)."""
+    return work_cost(side=get_service().sizes.default, cap=largest_charge(), size=size, faces=faces)
 
 
-def charge_pixels(size: tuple[int, int]) -> None:
+def charge_pixels(size: tuple[int, int], faces: int = 0) -> None:
     """Charge a conversion the model made at ``size`` (:func:`pixel_cost`)."""
-    charge(pixel_cost(size))
+    charge(pixel_cost(size, faces))
 
 
-def _cap() -> int:
+class JobAllowance:
+    """A job's frames charged as they are decoded, in a worker, through the counting
+    Limiter's storage under the key its door recorded (``charge_key``)."""
+
+    def __init__(self, limiter: Callable[[], Limiter], rate_limit: str | None) -> None:
+        self.counting = limiter
+        self.items = parse_many(rate_limit) if rate_limit else []
+
+    @property
+    def cap(self) -> int:
+        """The most one piece of work may cost: the smallest limit's amount."""
+        return min(item.amount for item in self.items) if self.items else 1
+
+    def take(self, key: list[str], amount: int, *, room: bool = True) -> bool:
+        """Take ``amount`` conversions from the client's allowance; False (none taken) when
+        they do not fit and ``room`` is asked for (``room=False``: work already done, taken
+        anyway). A storage that fails counts as room (as the door's check)."""
+        strategy = self.counting().limiter
+        try:
+            if room and not all(strategy.test(item, *key, cost=amount)
+                                for item in self.items):
+                return False
+            for item in self.items:
+                strategy.hit(item, *key, cost=amount)
+        except Exception:  # a host Limiter's storage failed
+            log.warning("flask_animegan: a job's frames could not be counted", exc_info=True)
+        return True
+
+    def refund(self, key: list[str], amount: int) -> None:
+        """Give back up to ``amount`` conversions still counted in the current window (a
+        fixed window's count; other strategies keep what they took)."""
+        limiter = self.counting()
+        if not isinstance(limiter.limiter, FixedWindowRateLimiter):
+            return
+        try:
+            for item in self.items:
+                counted = item.key_for(*key)
+                back = min(amount, limiter.storage.get(counted))
+                if back > 0:
+                    limiter.storage.incr(counted, item.get_expiry(), amount=-back)
+        except Exception:  # a host Limiter's storage failed
+            log.warning("flask_animegan: a job's unused conversions could not be given back",
+                        exc_info=True)
+
+
+def largest_charge() -> int:
+    """The most one request may cost: the smallest limit's amount (1: no rate limit)."""
     rate_limit = get_service().settings.rate_limit
     return min(item.amount for item in parse_many(rate_limit)) if rate_limit else 1
 
@@ -267,7 +314,7 @@ def conversion_cost() -> int:
         return 1
     if size <= side:
         return 1
-    return max(1, min(_cap(), math.ceil((size / side) ** 2)))
+    return max(1, min(largest_charge(), math.ceil((size / side) ** 2)))
 
 
 def _conversion_limit() -> str:

@@ -11,6 +11,7 @@ from flask import Response, current_app, jsonify, request
 
 from ..config import OUTPUT_FORMATS
 from ..convert.colors import COLOR_MODES
+from ..convert.costs import COST_RULE
 from ..convert.request import PORTRAIT_MODES
 from ..convert.strength import FULL
 from ..service import get_service
@@ -265,7 +266,7 @@ _COMPONENTS: dict[str, Any] = {
                  "headers": {"Retry-After": {"$ref": "#/components/headers/Retry-After"}},
                  "content": {"application/json": {"schema": {
                      "$ref": "#/components/schemas/Error"}}}},
-        "RateLimited": {"description": "Too many conversions from this client",
+        "RateLimited": {"description": f"Too many conversions from this client ({COST_RULE})",
                         "headers": {"Retry-After": {"$ref": "#/components/headers/Retry-After"},
                                     **_RATE_HEADERS},
                         "content": {"application/json": {"schema": {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..config import FRAMES_PER_CONVERSION
 from ..convert.converter import Conversion
+from ..convert.costs import frames_cost
 from ..convert.request import ConvertRequest
 from ..errors import BadImage, ConversionError, Overloaded, UnsupportedImage
 from ..inputs.media import MediaInfo
@@ -21,7 +21,7 @@ from ..jobs.queues import FULL_RETRY_AFTER
 from ..jobs.records import JobRecord
 from ..service import get_service
 from .clients import CONVERSIONS_SCOPE, client_key
-from .limits import charge, charge_pixels, pixel_cost
+from .limits import charge, charge_pixels, largest_charge, pixel_cost
 
 log = logging.getLogger("flask_animegan")
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
@@ -98,7 +98,7 @@ def convert_photo(upload: Upload) -> Conversion:
     if conversion.cache_hit:
         charge(0)  # no inference
     else:
-        charge_pixels(conversion.size)
+        charge_pixels(conversion.size, conversion.faces or 0)
     log_conversion(200, conversion)
     if service.metrics is not None:
         service.metrics.conversion_done(conversion, service.cache.enabled,
@@ -128,16 +128,19 @@ def job_for_convert(info: MediaInfo) -> SendElsewhere:
         "its progress", jobs_url=url_for(".create_job"))
 
 
-def _charge_job(cost: int, what: str, shorter: str) -> None:
+def _charge_job(cost: int, what: str, shorter: str) -> list[str]:
     """Count a job as ``cost`` conversions against the rate limit (one of them
-    flask-limiter's, after the view); TooManyJobs, costing none, if they do not fit."""
+    flask-limiter's, after the view); TooManyJobs, costing none, if they do not fit.
+    The limit's key of the client, where a worker charges more (empty: not counted)."""
     service = get_service()
-    if cost <= 1:
-        return
+    key: list[str] = []
     for counted in service.limiter.current_limits:
         if not (counted.shared and counted.request_args[-1] == CONVERSIONS_SCOPE):
             continue
         item, args = counted.limit, counted.request_args
+        key = [str(arg) for arg in args]
+        if cost <= 1:
+            continue
         try:
             fits = counted.limiter.test(item, *args, cost=cost)
             if fits:
@@ -145,7 +148,7 @@ def _charge_job(cost: int, what: str, shorter: str) -> None:
         except Exception:  # a host Limiter's storage failed: as its headers do
             log.warning("flask_animegan: a job could not be counted against the rate limit",
                         exc_info=True)
-            return
+            return key
         if not fits:
             wait = max(1, int(item.get_expiry()))
             if cost > item.amount:
@@ -153,6 +156,7 @@ def _charge_job(cost: int, what: str, shorter: str) -> None:
                                   f"than the limit of {item}; {shorter}", wait)
             raise TooManyJobs(f"too many conversions from your address: {what} and the "
                               f"limit of {item} has fewer left; try again in {wait} s", wait)
+    return key
 
 
 def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = None) -> JobRecord:
@@ -193,19 +197,25 @@ def start_job(data: bytes, params: Mapping[str, Any], info: MediaInfo | None = N
     if tiles:
         # a photo job costs what the same photo costs through /convert: its pixels
         width, height = service.converter.fitted_for((info.width, info.height), parsed)
-        _charge_job(pixel_cost((width, height)),
-                    f"a {width}×{height} picture counts as {pixel_cost((width, height))} "
-                    "conversions", "ask for a smaller size")
+        cost = pixel_cost((width, height))
+        key = _charge_job(cost, f"a {width}×{height} picture counts as {cost} conversions",
+                          "ask for a smaller size")
+    elif info.frames:
+        cost = frames_cost(info.frames)  # more is taken as the frames decoded pass it
+        key = _charge_job(cost, f"its {info.frames} frames count as {cost} conversions "
+                                f"({FRAMES_PER_CONVERSION} frames each)", "send a shorter clip")
     else:
-        _charge_job(math.ceil(info.frames / FRAMES_PER_CONVERSION),
-                    f"its {info.frames} frames count as "
-                    f"{math.ceil(info.frames / FRAMES_PER_CONVERSION)} conversions "
-                    f"({FRAMES_PER_CONVERSION} frames each)", "send a shorter clip")
+        # no count and no duration: the most the limits allow, the unused given back
+        cost = min(frames_cost(service.settings.max_frames), largest_charge())
+        key = _charge_job(cost, f"a video whose header gives no length counts as {cost} "
+                                "conversions until its frames are counted",
+                          "send a file with a duration in its header")
     charge(1)  # the rest of the job's conversions, taken by _charge_job
     record = jobs.submit(data, info, style=parsed.style.name, size=parsed.size,
                          client=client, colors=parsed.options.colors,
                          output_format=parsed.format, portrait=parsed.options.portrait,
-                         tiles=tiles, strength=parsed.options.strength)
+                         tiles=tiles, strength=parsed.options.strength, charge_key=key,
+                         charged=max(1, cost) if key else 0)
     log.info("animegan.job %s", json.dumps(
         {"event": "queued", "kind": record.kind, "format": info.format, "frames": info.frames,
          "tiles": tiles, "style": parsed.style.name, "size": parsed.size}, sort_keys=True))
