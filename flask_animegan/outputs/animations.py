@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import re
 import struct
+import time
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -20,6 +23,7 @@ import numpy as np
 from PIL import GifImagePlugin, Image
 
 from ..errors import ConversionError
+from ..process import process_alive
 from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack
 from . import stills as formats
 from .labels import ContentLabel, gif_extensions, mp4_xmp_box
@@ -50,6 +54,36 @@ BT709 = 1  # AVCOL_PRI_BT709, AVCOL_TRC_BT709
 LIMITED_RANGE = 1  # AVCOL_RANGE_MPEG
 #: libx264's speed/size trade-off; its lookahead bounds the encoder's memory.
 X264_PRESET = "faster"
+
+
+#: How an MP4 being written is named in the temp folder: the writer's pid follows it.
+MP4_PREFIX = "animegan-"
+_LEFTOVER = re.compile(r"animegan-(?:(\d+)-)?[^/]*\.mp4")
+
+
+def sweep_leftovers(max_age: float, folder: str | None = None) -> int:
+    """Delete the MP4s that runs which died left in the temp folder (``folder``): those of
+    a pid that is gone, and any older than ``max_age`` seconds; how many were deleted."""
+    folder = folder or tempfile.gettempdir()
+    swept = 0
+    now = time.time()
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            match = _LEFTOVER.fullmatch(entry.name)
+            if match is None or not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                old = now - entry.stat(follow_symlinks=False).st_mtime > max_age
+                pid = int(match[1]) if match[1] else None
+                if old or (pid is not None and pid != os.getpid() and not process_alive(pid)):
+                    os.unlink(entry.path)
+                    swept += 1
+            except OSError:  # gone meanwhile, or another user's
+                continue
+    if swept:
+        log.warning("flask_animegan: deleted %d MP4s left in %s by runs that died", swept,
+                    folder)
+    return swept
 
 
 class FrameWriter(Protocol):
@@ -339,7 +373,7 @@ class Mp4Writer:
                 self._close_source()
         # named: faststart (so browsers play it as it downloads) reopens it by name
         self._file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by close()
-            prefix="animegan-", suffix=".mp4")
+            prefix=f"{MP4_PREFIX}{os.getpid()}-", suffix=".mp4")
         self._packets: Iterator[Packet[AudioStream]] | None = None
         self._out: OutputContainer | None = None
         self._video: VideoStream | None = None
