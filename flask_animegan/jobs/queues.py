@@ -5,6 +5,7 @@ sweep also sends its heartbeat and hands the runs of workers that stopped beatin
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import queue
@@ -12,7 +13,6 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 

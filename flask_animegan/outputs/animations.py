@@ -10,8 +10,8 @@ import logging
 import os
 import re
 import struct
-import time
 import tempfile
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from fractions import Fraction
@@ -23,8 +23,8 @@ import numpy as np
 from PIL import GifImagePlugin, Image
 
 from ..errors import ConversionError
-from ..process import process_alive
 from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack
+from ..process import process_alive
 from . import stills as formats
 from .labels import ContentLabel, gif_extensions, mp4_xmp_box
 
