@@ -156,3 +156,27 @@ def test_a_sigkilled_worker_started_again_under_its_name_converts_and_sweeps(
         assert times[1] < 3 * times[0] + 30  # within its warm-up time, not after 30 min
     finally:
         workers.stop()
+
+
+@pytest.mark.redis
+def test_a_photo_sent_to_convert_that_becomes_a_job_answers_503_while_redis_is_out(
+        make_app, redis_server):
+    """POST /convert with a photo that runs in tiles queues a job: 503, not 500, while Redis
+    is out; Redis back without its data (the shipped config keeps none), the job is gone: 404."""
+    from test_big_photos import LARGEST, TILED, large_photo, post
+
+    app = make_app(ANIMEGAN_STORAGE_URI=redis_server.uri, SECRET_KEY="worker-faults",
+                   ANIMEGAN_MAX_OUTPUT_SIDE=LARGEST)
+    client = app.test_client()
+    queued = post(client, "/animegan/convert", large_photo(), size=TILED)
+    assert queued.status_code == 202, queued.get_json()
+    redis_server.kill()
+    refused = post(client, "/animegan/convert", large_photo(), size=TILED)
+    assert refused.status_code == 503, refused.get_json()
+    assert int(refused.headers["Retry-After"]) > 0
+    answer = client.get(queued.headers["Location"])
+    assert answer.status_code == 503 and KEPT in answer.get_json()["error"]
+    redis_server.start()
+    gone = wait_until(lambda: (r := client.get(queued.headers["Location"])).status_code != 503
+                      and r, 30, "Redis answering again")
+    assert gone.status_code == 404  # a Redis without persistence lost it: said as it is
