@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from ..inputs.media import MediaInfo
 
 __all__ = ["AUDIO_OVERRUN_S", "AUDIO_TIMEOUT_S", "MP4_AUDIO_COPIED", "ApngWriter", "FrameWriter",
-           "GifWriter", "Mp4Writer", "WebPWriter", "crf_for", "preview", "writer_for"]
+           "GifWriter", "Mp4Writer", "WebPWriter", "crf_for", "preview", "sweep_leftovers",
+           "writer_for"]
 
 log = logging.getLogger(__name__)
 
@@ -65,21 +66,21 @@ def sweep_leftovers(max_age: float, folder: str | None = None) -> int:
     """Delete the MP4s that runs which died left in the temp folder (``folder``): those of
     a pid that is gone, and any older than ``max_age`` seconds; how many were deleted."""
     folder = folder or tempfile.gettempdir()
+    try:
+        entries = [entry for entry in os.scandir(folder) if _LEFTOVER.fullmatch(entry.name)]
+    except OSError:  # no temp folder to read: nothing to sweep
+        return 0
     swept = 0
-    now = time.time()
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            match = _LEFTOVER.fullmatch(entry.name)
-            if match is None or not entry.is_file(follow_symlinks=False):
-                continue
-            try:
-                old = now - entry.stat(follow_symlinks=False).st_mtime > max_age
-                pid = int(match[1]) if match[1] else None
-                if old or (pid is not None and pid != os.getpid() and not process_alive(pid)):
-                    os.unlink(entry.path)
-                    swept += 1
-            except OSError:  # gone meanwhile, or another user's
-                continue
+    for entry in entries:
+        pid = _LEFTOVER.fullmatch(entry.name)[1]  # type: ignore[index]
+        try:
+            old = time.time() - entry.stat(follow_symlinks=False).st_mtime > max_age
+            dead = pid is not None and int(pid) != os.getpid() and not process_alive(int(pid))
+            if entry.is_file(follow_symlinks=False) and (old or dead):
+                os.unlink(entry.path)
+                swept += 1
+        except OSError:  # gone meanwhile, or another user's
+            continue
     if swept:
         log.warning("flask_animegan: deleted %d MP4s left in %s by runs that died", swept,
                     folder)
