@@ -43,3 +43,16 @@ class Overloaded(ConversionError):
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class StorageUnavailable(Overloaded):
+    """The jobs' storage (Redis) cannot be reached: nothing stored was lost, so the client
+    is told to try again, never that its job is gone."""
+
+    #: Seconds a client is told to wait.
+    RETRY_AFTER = 30
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or (
+            "the job store cannot be reached just now; the job is kept: try again in "
+            f"{self.RETRY_AFTER} s"), self.RETRY_AFTER)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import warnings
 
@@ -40,3 +41,16 @@ def configure_process(torch_threads: int) -> int:
 def configure_decoding() -> None:
     """The part of :func:`configure_process` the helper process needs (no torch)."""
     warnings.simplefilter("error", Image.DecompressionBombWarning)
+
+
+def process_alive(pid: int | None) -> bool:
+    """Whether a process ``pid`` runs on this host (another user's counts; a zombie too)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -21,6 +21,7 @@ from ..convert.colors import COLOR_MODES
 from ..convert.request import FORMAT_ALIASES, PORTRAIT_MODES, ConvertRequest
 from ..errors import ConversionError
 from ..inputs.media import MediaInfo
+from ..outputs.animations import sweep_leftovers
 from ..runtime.download import DownloadError, pull_style
 from ..runtime.weights import WeightsError, load_generator, torchscript_quietly
 from ..service import get_service
@@ -424,6 +425,7 @@ def worker_command(burst: bool, name: str | None) -> None:
             "this app's jobs run in its own process (ANIMEGAN_JOB_QUEUE is local, or auto "
             "without Redis): set ANIMEGAN_STATE_STORAGE_URI or ANIMEGAN_STORAGE_URI to "
             "redis://host:6380/0 to queue them on RQ for workers")
+    sweep_leftovers(service.settings.result_ttl)  # of this host's runs that died
     service.warm_up()
     queue.work(burst=burst, name=name)
 

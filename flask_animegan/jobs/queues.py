@@ -5,16 +5,20 @@ sweep also sends its heartbeat and hands the runs of workers that stopped beatin
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..config import SettingError, Settings, is_redis
-from ..errors import Overloaded
+from ..errors import Overloaded, StorageUnavailable
+from ..process import process_alive
 
 if TYPE_CHECKING:
     from rq import SimpleWorker
@@ -26,6 +30,30 @@ ENTRY_POINT = "flask_animegan.jobs.work.run_job"
 QUEUE_NAME = "animegan"
 #: Seconds to retry after when the queue is full or Redis is unreachable.
 FULL_RETRY_AFTER = 30
+
+
+T = TypeVar("T")
+#: What a route is told when the queue's Redis does not answer: it has lost nothing.
+UNREACHABLE = ("the job queue cannot be reached just now; nothing is lost: try again in "
+               f"{StorageUnavailable.RETRY_AFTER} s")
+
+
+def _reaching(method: Callable[..., T]) -> Callable[..., T]:
+    """An RQQueue method whose Redis errors become :class:`StorageUnavailable` (503 with
+    Retry-After): the one place the job routes' queue faults are translated."""
+
+    @functools.wraps(method)
+    def call(self: RQQueue, *args: Any, **kwargs: Any) -> T:
+        import redis
+
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("flask_animegan: the job queue's Redis is unavailable (%s)",
+                        type(exc).__name__)
+            raise StorageUnavailable(UNREACHABLE) from exc
+
+    return call
 
 
 def _full(waiting: int) -> Overloaded:
@@ -217,22 +245,15 @@ class RQQueue(JobQueue):
         job_id, _, attempt = rq_id.rpartition("-")
         return (job_id, int(attempt)) if job_id and attempt.isdigit() else None
 
+    @_reaching
     def enqueue(self, job_id: str, attempt: int = 0) -> None:
-        import redis
-
-        try:
-            waiting = self.queue.count
-            if waiting >= self.max_queue:
-                raise _full(waiting)
-            # RQ's own timeout is a backstop: run_job stops at the job timeout itself
-            self.queue.enqueue(ENTRY_POINT, job_id, job_id=self.rq_id(job_id, attempt),
-                               job_timeout=self.job_timeout + 60, result_ttl=0,
-                               failure_ttl=self.ttl, ttl=self.ttl)
-        except (redis.RedisError, OSError) as exc:
-            log.warning("flask_animegan: the job queue's Redis is unavailable (%s)",
-                        type(exc).__name__)
-            raise Overloaded("the job queue is unavailable; try again in "
-                             f"{FULL_RETRY_AFTER} s", FULL_RETRY_AFTER) from None
+        waiting = self.queue.count
+        if waiting >= self.max_queue:
+            raise _full(waiting)
+        # RQ's own timeout is a backstop: run_job stops at the job timeout itself
+        self.queue.enqueue(ENTRY_POINT, job_id, job_id=self.rq_id(job_id, attempt),
+                           job_timeout=self.job_timeout + 60, result_ttl=0,
+                           failure_ttl=self.ttl, ttl=self.ttl)
 
     def cancel(self, job_id: str, attempt: int = 0) -> None:
         import redis
@@ -252,6 +273,7 @@ class RQQueue(JobQueue):
             log.warning("flask_animegan: could not reach the job queue to cancel (%s); the "
                         "worker stops at its next frame", type(exc).__name__)
 
+    @_reaching
     def queued_count(self) -> int:
         return int(self.queue.count)
 
@@ -270,6 +292,7 @@ class RQQueue(JobQueue):
         return status in (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED,
                           JobStatus.DEFERRED)
 
+    @_reaching
     def live_workers(self) -> int:
         from rq import Worker
 
@@ -278,6 +301,7 @@ class RQQueue(JobQueue):
                    if worker.last_heartbeat is not None
                    and worker.last_heartbeat.timestamp() >= cutoff)
 
+    @_reaching
     def oldest_wait(self) -> float | None:
         from rq.exceptions import NoSuchJobError
         from rq.job import Job
@@ -300,8 +324,9 @@ class RQQueue(JobQueue):
                     # no cleanup here: it would fail abandoned runs without our handler
                     "running": self.queue.started_job_registry.get_job_count(cleanup=False),
                     "oldest_queued_s": _rounded(self.oldest_wait())}
-        except (redis.RedisError, OSError) as exc:
-            return {"kind": self.kind, "ok": False, "error": type(exc).__name__,
+        except (redis.RedisError, OSError, StorageUnavailable) as exc:
+            cause = exc.__cause__ or exc  # the Redis error behind a StorageUnavailable
+            return {"kind": self.kind, "ok": False, "error": type(cause).__name__,
                     "max_queue": self.max_queue}
 
     def make_worker(self, name: str | None = None) -> SimpleWorker:
@@ -317,8 +342,14 @@ class RQQueue(JobQueue):
         execution_ttl = self.worker_timeout - self.beat
 
         class BeatingWorker(SimpleWorker):
+            asked_to_stop = False  # SIGTERM or SIGINT: a warm shutdown, not a fault
+
             def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
                 return execution_ttl
+
+            def handle_warm_shutdown_request(self) -> None:
+                self.asked_to_stop = True
+                super().handle_warm_shutdown_request()  # type: ignore[no-untyped-call]
 
         # a client of its own: RQ raises its socket timeout above its blocking wait for
         # jobs, which the shared client's short timeouts must not get
@@ -330,13 +361,76 @@ class RQQueue(JobQueue):
 
     def work(self, *, burst: bool = False, name: str | None = None) -> None:
         """Run jobs here until stopped. The sweep's thread beats for the worker and its
-        run (RQ's ``SimpleWorker`` does not while a job runs)."""
-        worker = self._worker = self.make_worker(name)
-        self.start_sweeping()
-        try:
-            worker.work(burst=burst, logging_level="INFO")
-        finally:
-            self._worker = None
+        run (RQ's ``SimpleWorker`` does not while a job runs). When RQ's worker quits on a
+        fault (Redis gone mid-job), wait for Redis and start it again in this process."""
+        import redis
+
+        pause = 1.0  # between two starts: a fault that is not Redis's must not spin
+        while True:
+            worker = self._worker = self.make_worker(name)
+            self.start_sweeping()
+            started, failed = time.monotonic(), None
+            try:
+                self._clear_stale(worker)
+                worker.work(burst=burst, logging_level="INFO")
+            except (redis.RedisError, OSError) as exc:  # RQ's teardown, with Redis gone
+                failed = exc
+            finally:
+                self._worker = None
+            if getattr(worker, "asked_to_stop", False) or (burst and failed is None):
+                return
+            log.warning("flask_animegan: the worker %s stopped on a fault (%s); it starts "
+                        "again once Redis answers", worker.name,
+                        type(failed).__name__ if failed else "see RQ's log above")
+            pause = 1.0 if time.monotonic() - started > 60 else min(pause * 2, 10.0)
+            if not self._wait_for_redis(pause):
+                return
+
+    def _wait_for_redis(self, pause: float) -> bool:
+        """Wait ``pause``, then until Redis answers (backoff to 10 s, logged once a minute);
+        False when SIGTERM or SIGINT came meanwhile."""
+        import signal
+
+        import redis
+
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: stop.set())
+        since = time.monotonic()
+        logged = since
+        while not stop.wait(pause):
+            try:
+                self.connection.ping()
+                log.warning("flask_animegan: the job queue's Redis answers again after %.0f s",
+                            time.monotonic() - since)
+                return True
+            except (redis.RedisError, OSError) as exc:
+                if time.monotonic() - logged >= 60:
+                    logged = time.monotonic()
+                    log.warning("flask_animegan: still waiting for the job queue's Redis "
+                                "(%s, %.0f s)", type(exc).__name__, logged - since)
+            pause = min(pause * 2, 10.0)
+        return False
+
+    def _clear_stale(self, worker: SimpleWorker) -> None:
+        """Clear the registration of a dead worker with this one's name (killed, or this
+        process's before a fault), so RQ does not refuse the name: dead when it was on this
+        host with a pid that is gone or ours, or has not beaten within the worker timeout."""
+        from rq import Worker
+
+        stale = Worker.find_by_key(worker.key, connection=worker.connection)
+        if stale is None or stale.connection.hexists(stale.key, "death"):
+            return
+        beat = stale.last_heartbeat
+        silent = beat is None or time.time() - beat.timestamp() > self.worker_timeout
+        gone = stale.hostname == socket.gethostname() and (
+            stale.pid == os.getpid() or not process_alive(stale.pid))
+        if silent or gone:
+            log.warning("flask_animegan: cleared the registration of the dead worker %s "
+                        "(pid %s on %s) to start under its name", stale.name, stale.pid,
+                        stale.hostname)
+            stale.register_death()  # type: ignore[no-untyped-call]
 
     def _tick(self) -> None:
         """Beat for this process's worker (and its run), then hand expired runs back."""

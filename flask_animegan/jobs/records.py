@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ..errors import StorageUnavailable
 from ..storage import Storage
 
 #: What a job id looks like (``secrets.token_urlsafe(24)``); anything else is no job.
@@ -141,6 +142,12 @@ class JobStore:
         if record is not None and record.id == job_id and not record.finished:
             record.cancel_requested = self.cancel_requested(job_id)
         return record if record is not None and record.id == job_id else None
+
+    def vouch_absent(self) -> None:
+        """Call where a read found nothing: :class:`StorageUnavailable` (503) when that is
+        because the storage is down, so nobody is told a kept job has gone."""
+        if not self.storage.reachable:
+            raise StorageUnavailable
 
     def update(self, record: JobRecord) -> bool:
         """Store ``record`` (its TTL starts again); False when the storage refused it."""

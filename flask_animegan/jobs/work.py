@@ -132,9 +132,13 @@ class Jobs:
         return record
 
     def get(self, job_id: str) -> JobRecord | None:
-        """The job's record, a stalled run settled first (None: no such job)."""
+        """The job's record, a stalled run settled first (None: no such job);
+        StorageUnavailable (503) while the storage cannot say."""
         record = self.store.get(job_id)
-        return self.settle(record) if record is not None else None
+        if record is None:
+            self.store.vouch_absent()
+            return None
+        return self.settle(record)
 
     def unfinished(self, client: str) -> int:
         """How many of the client's newest jobs are queued or running, stalls settled first."""

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import re
 import struct
 import tempfile
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from fractions import Fraction
@@ -21,6 +24,7 @@ from PIL import GifImagePlugin, Image
 
 from ..errors import ConversionError
 from ..inputs.media import AUDIO_OVERRUN_S, MP4_AUDIO_COPIED, AudioTrack
+from ..process import process_alive
 from . import stills as formats
 from .labels import ContentLabel, gif_extensions, mp4_xmp_box
 
@@ -33,7 +37,8 @@ if TYPE_CHECKING:
     from ..inputs.media import MediaInfo
 
 __all__ = ["AUDIO_OVERRUN_S", "AUDIO_TIMEOUT_S", "MP4_AUDIO_COPIED", "ApngWriter", "FrameWriter",
-           "GifWriter", "Mp4Writer", "WebPWriter", "crf_for", "preview", "writer_for"]
+           "GifWriter", "Mp4Writer", "WebPWriter", "crf_for", "preview", "sweep_leftovers",
+           "writer_for"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,36 @@ BT709 = 1  # AVCOL_PRI_BT709, AVCOL_TRC_BT709
 LIMITED_RANGE = 1  # AVCOL_RANGE_MPEG
 #: libx264's speed/size trade-off; its lookahead bounds the encoder's memory.
 X264_PRESET = "faster"
+
+
+#: How an MP4 being written is named in the temp folder: the writer's pid follows it.
+MP4_PREFIX = "animegan-"
+_LEFTOVER = re.compile(r"animegan-(?:(\d+)-)?[^/]*\.mp4")
+
+
+def sweep_leftovers(max_age: float, folder: str | None = None) -> int:
+    """Delete the MP4s that runs which died left in the temp folder (``folder``): those of
+    a pid that is gone, and any older than ``max_age`` seconds; how many were deleted."""
+    folder = folder or tempfile.gettempdir()
+    try:
+        entries = [entry for entry in os.scandir(folder) if _LEFTOVER.fullmatch(entry.name)]
+    except OSError:  # no temp folder to read: nothing to sweep
+        return 0
+    swept = 0
+    for entry in entries:
+        pid = _LEFTOVER.fullmatch(entry.name)[1]  # type: ignore[index]
+        try:
+            old = time.time() - entry.stat(follow_symlinks=False).st_mtime > max_age
+            dead = pid is not None and int(pid) != os.getpid() and not process_alive(int(pid))
+            if entry.is_file(follow_symlinks=False) and (old or dead):
+                os.unlink(entry.path)
+                swept += 1
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    if swept:
+        log.warning("flask_animegan: deleted %d MP4s left in %s by runs that died", swept,
+                    folder)
+    return swept
 
 
 class FrameWriter(Protocol):
@@ -339,7 +374,7 @@ class Mp4Writer:
                 self._close_source()
         # named: faststart (so browsers play it as it downloads) reopens it by name
         self._file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by close()
-            prefix="animegan-", suffix=".mp4")
+            prefix=f"{MP4_PREFIX}{os.getpid()}-", suffix=".mp4")
         self._packets: Iterator[Packet[AudioStream]] | None = None
         self._out: OutputContainer | None = None
         self._video: VideoStream | None = None

@@ -127,6 +127,12 @@ class Storage(ABC):
         """Whether the backend answered the last time it was asked (and took the last write)."""
         return True
 
+    @property
+    def reachable(self) -> bool:
+        """Whether the last call reached the backend: ``False`` only while it is down, when
+        a read's "nothing" means "cannot say" (a full Redis still answers reads)."""
+        return True
+
     def maxmemory_policy(self) -> str | None:
         """The server's eviction policy, where a server has one and says it (else ``None``)."""
         return None

@@ -159,3 +159,7 @@ class RedisStorage(Storage):
     @property
     def healthy(self) -> bool:
         return self._server.health.state == "ok"
+
+    @property
+    def reachable(self) -> bool:
+        return self._server.health.state != "down"

@@ -163,6 +163,7 @@ def job_result(job_id: str) -> Response:
     record = _finished(job_id)
     data = _jobs().store.get_result(job_id)
     if data is None:
+        _jobs().store.vouch_absent()
         abort(404, "this job's result has expired; send the file again")
     return views.file_response(data, record.result_mimetype or "application/octet-stream",
                                _download_name(record) if download else None)
@@ -173,6 +174,7 @@ def job_preview(job_id: str) -> Response:
     _finished(job_id)
     data = _jobs().store.get_preview(job_id)
     if data is None:
+        _jobs().store.vouch_absent()
         abort(404, "this job's preview has expired; send the file again")
     return views.file_response(data, "image/jpeg")
 

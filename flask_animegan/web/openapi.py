@@ -198,25 +198,29 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
                 "Location": {"schema": {"type": "string"}}}), **_REFUSALS}},
         ("animegan.job", "get"): {
             "summary": "A job's state and progress", "tags": ["jobs"], "parameters": [job_id],
-            "responses": {**_job("The job"), "404": _ERROR}},
+            "responses": {**_job("The job"), "404": _ERROR, "503": _BUSY}},
         ("animegan.cancel_job", "delete"): {
             "summary": "Cancel a job", "tags": ["jobs"], "parameters": [job_id],
             "responses": {**_job("Cancelled"), **_job("Stopping", "202"), "404": _ERROR,
-                          "409": _ERROR}},
+                          "409": _ERROR, "503": _BUSY}},
         ("animegan.job_result", "get"): {
             "summary": "A finished job's result", "tags": ["jobs"],
             "parameters": [job_id, download],
             "responses": {"200": {"description": "The result", "content": _ANIMATIONS},
-                          "400": _ERROR, "404": _ERROR, "409": _ERROR}},
+                          "400": _ERROR, "404": _ERROR, "409": _ERROR, "503": _BUSY}},
         ("animegan.job_preview", "get"): {
             "summary": "A finished job's preview (its first frame)", "tags": ["jobs"],
             "parameters": [job_id],
             "responses": {"200": {"description": "A JPEG", "content": _JPEG},
-                          "404": _ERROR, "409": _ERROR}},
+                          "404": _ERROR, "409": _ERROR, "503": _BUSY}},
         ("animegan.job_page", "get"): {
             "summary": "A job's page, refreshing itself until the result shows",
             "tags": ["pages"], "parameters": [job_id],
-            "responses": {"200": _HTML, "404": _PAGE_404}},
+            "responses": {"200": _HTML, "404": _PAGE_404,
+                          "503": {"description": "The job store is out of reach; the job "
+                                                 "is kept", "headers": {
+                              "Retry-After": {"$ref": "#/components/headers/Retry-After"}},
+                              "content": _HTML["content"]}}},
     }
 
 
