@@ -44,6 +44,11 @@ MAX_ASPECT_RATIO = 20.0
 MAX_JPEG_SCANS = 32
 #: Seconds one decode may take in its helper process before it is killed.
 DECODE_TIMEOUT = 5.0
+#: An upload's body may take this many seconds, plus one per UPLOAD_MIN_RATE bytes it has
+#: sent; a slower one is cut with 408, so that trickling clients give their threads back.
+UPLOAD_GRACE_SECONDS = 10.0
+#: Bytes per second an upload must average after UPLOAD_GRACE_SECONDS (a slow mobile link).
+UPLOAD_MIN_RATE = 8 * 1024
 #: Highest frame rate of an animation or video (the frames are bounded by ANIMEGAN_MAX_FRAMES).
 MAX_FPS = 60.0
 #: Largest area of one frame of an animation or video (frames are fitted to ANIMEGAN_MAX_SIDE).

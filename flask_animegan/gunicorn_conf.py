@@ -54,8 +54,8 @@ threads = _SERVER.server_threads or _max_queue + 2
 # A 1024-px conversion on a slow CPU plus a queue of them: allow minutes, not 30 s.
 timeout, graceful_timeout = WORKER_TIMEOUT, GRACEFUL_TIMEOUT
 # Slow clients: gthread parks a connection until its first byte, but then reads the head
-# and the app the body with no time limit; here only their sizes are bounded (the body's
-# is ANIMEGAN_MAX_UPLOAD_BYTES): bounding time needs nginx in front (deploy/nginx.conf).
+# with no time limit; here only its size is bounded. The app cuts a body that arrives too
+# slowly (web/bodies.py); bounding the head's time needs nginx in front (deploy/nginx.conf).
 keepalive = 5
 limit_request_line = 8190  # method, path and query
 limit_request_fields = 100

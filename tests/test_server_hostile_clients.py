@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import requests
 from conftest import encode_image, photo_bytes
+from flask_animegan.config import UPLOAD_GRACE_SECONDS
 from gunicorn.ctl.client import ControlClient
 from PIL import Image
 from servers import Server, Trickle, child_pids, proc_status_kib
@@ -86,6 +87,43 @@ def test_slow_clients_up_to_threads_minus_one_do_not_block_other_requests(server
             trickle.stopping.set()
         for trickle in trickles:
             trickle.join()
+
+
+def test_trickling_uploads_are_cut_and_never_block_other_clients_conversions(server):
+    """Three uploads trickling a byte every 2 s, straight at gunicorn: they take no place
+    in the admission, each is cut with 408 after the grace period (UPLOAD_GRACE_SECONDS),
+    and other clients' conversions answer 200 throughout."""
+    idle = [timed(lambda: convert(server, photo_bytes("coffee"), timeout=30)) for _ in range(3)]
+    assert all(response.status_code == 200 for response, _ in idle)
+    body_head = (b"POST /animegan/convert HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
+                 b"Content-Length: 1000000\r\n\r\n")
+    trickles = [Trickle(server.port, body_head, b"\xff", interval=2.0) for _ in range(3)]
+    began = time.monotonic()
+    for trickle in trickles:
+        trickle.start()
+    busy = []
+    try:
+        while not all(t.closed_by_server for t in trickles):
+            assert time.monotonic() - began < UPLOAD_GRACE_SECONDS + 30, "never cut"
+            response, seconds = timed(lambda: convert(server, photo_bytes("coffee"),
+                                                      timeout=30))
+            assert response.status_code == 200, (response.status_code, response.text)
+            busy.append(seconds)
+        cut_after = time.monotonic() - began
+    finally:
+        for trickle in trickles:
+            trickle.stopping.set()
+        for trickle in trickles:
+            trickle.join()
+    assert [t.answer.split(b" ")[1:2] for t in trickles] == [[b"408"]] * 3, \
+        [t.answer for t in trickles]
+    assert cut_after > UPLOAD_GRACE_SECONDS - 1
+    health = requests.get(f"{server.url}/animegan/healthz", timeout=10).json()
+    assert health["admission"]["admitted"] == 0
+    idle_s = sorted(seconds for _, seconds in idle)
+    print(f"\nidle conversions {', '.join(f'{s:.2f}' for s in idle_s)} s; with 3 trickles "
+          f"{len(busy)} conversions, all 200, median {sorted(busy)[len(busy) // 2]:.2f} s, "
+          f"worst {max(busy):.2f} s; trickles cut with 408 after {cut_after:.1f} s")
 
 
 # --- chunked bodies over ANIMEGAN_MAX_UPLOAD_BYTES ------------------------------------------

@@ -1,5 +1,6 @@
-"""One count of the web conversions, from before their body is read until their response ends,
-so a thread stays free for ``/healthz`` and the pages (the CLI and ``convert()`` do not count)."""
+"""One count of the web conversions, from when their body has arrived until their response
+ends, so a thread stays free for ``/healthz`` and the pages (the CLI and ``convert()`` do not
+count); a body still arriving is bounded by its deadline instead (web/bodies.py)."""
 
 from __future__ import annotations
 
@@ -20,17 +21,26 @@ class Admission:
         self._admitted = 0
         self._refused = 0
 
+    def check(self) -> None:
+        """Raise :class:`Overloaded` (503) when ``capacity`` are in already: a full app
+        refuses an upload before reading it, without taking a place for it."""
+        with self._lock:
+            self._refuse_if_full()
+
     def enter(self) -> Ticket:
         """Admit one conversion, or raise :class:`Overloaded` (503) when ``capacity``
         are in already; the ticket's ``leave()`` lets the next one in."""
         with self._lock:
-            if self._admitted >= self.capacity:
-                self._refused += 1
-                wait = max(1, self._retry_after())
-                raise Overloaded(f"the server is busy with {self.capacity} other "
-                                 f"conversions; try again in {wait} s", wait)
+            self._refuse_if_full()
             self._admitted += 1
         return Ticket(self)
+
+    def _refuse_if_full(self) -> None:
+        if self._admitted >= self.capacity:
+            self._refused += 1
+            wait = max(1, self._retry_after())
+            raise Overloaded(f"the server is busy with {self.capacity} other "
+                             f"conversions; try again in {wait} s", wait)
 
     def _leave(self) -> None:
         with self._lock:
