@@ -287,7 +287,7 @@ class Settings:
         'Largest image area (width x height), read from the header before decoding.',
         low=1, high=10**9)
     max_decode_bytes: int = _setting(
-        192 * 1024 * 1024, int,
+        256 * 1024 * 1024, int,
         "Largest memory one decode may need at its peak, estimated from the header before "
         "decoding (docs/http-api.md); larger images get 413.",
         low=1, high=64 * GiB)
@@ -939,7 +939,7 @@ class DecodeLimits:
     """What one decode of an upload may cost (inputs/)."""
 
     max_pixels: int = 40_000_000
-    max_bytes: int = 192 * 1024 * 1024
+    max_bytes: int = 256 * 1024 * 1024
     max_aspect: float = MAX_ASPECT_RATIO
     max_scans: int = MAX_JPEG_SCANS
 
