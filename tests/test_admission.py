@@ -153,6 +153,50 @@ def test_uploads_still_arriving_take_no_place(make_app, endpoint):
     assert admitted(app) == 0
 
 
+class SlowBody(io.RawIOBase):
+    """A body that sends ``chunk`` bytes every ``interval`` seconds."""
+
+    def __init__(self, data: bytes, chunk: int, interval: float) -> None:
+        self.data, self.chunk, self.interval = io.BytesIO(data), chunk, interval
+        self.size = len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:  # werkzeug notes the position
+        return self.data.seek(offset, whence)
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+        time.sleep(self.interval)
+        chunk = self.data.read(min(len(buffer), self.chunk))
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+
+# werkzeug leaves the spooled file of a multipart body cut mid-way to the garbage
+# collector, which warns (ResourceWarning) as it closes it
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_an_upload_slower_than_the_least_rate_is_cut_with_408(make_app, endpoint, monkeypatch):
+    monkeypatch.setattr("flask_animegan.web.bodies.UPLOAD_GRACE_SECONDS", 0.3)
+    app = make_app()
+    data, content_type = photo_bytes(), "image/jpeg"
+    if endpoint.endswith("/upload"):
+        data, content_type = multipart(data)
+    slow = app.test_client().post(endpoint, input_stream=SlowBody(data, 64, 0.1),
+                                  content_length=len(data), content_type=content_type)
+    assert slow.status_code == 408, slow.get_data(as_text=True)[:300]
+    assert "too slowly" in slow.get_data(as_text=True)
+    assert admitted(app) == 0
+    # at the least rate and faster, the same upload arrives whole and is converted
+    fast = app.test_client().post(endpoint, input_stream=SlowBody(data, 64 << 10, 0.1),
+                                  content_length=len(data), content_type=content_type)
+    assert fast.status_code in (200, 303), fast.get_data(as_text=True)[:300]
+
+
 def _host_hook_fails(app) -> None:
     @app.before_request
     def fail() -> None:
