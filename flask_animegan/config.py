@@ -49,6 +49,9 @@ DECODE_TIMEOUT = 5.0
 UPLOAD_GRACE_SECONDS = 10.0
 #: Bytes per second an upload must average after UPLOAD_GRACE_SECONDS (a slow mobile link).
 UPLOAD_MIN_RATE = 8 * 1024
+#: Uploads that may be arriving at once beyond one per admitted conversion: the threads
+#: slow clients may hold (each for UPLOAD_GRACE_SECONDS at most) without blocking the rest.
+SPARE_READERS = 4
 #: Peak memory of one inference run on the whole picture, per megapixel (torch fp32, the
 #: most the backends take; measured in docs/large-photos.md).
 WHOLE_MIB_PER_MEGAPIXEL = 1300
@@ -758,7 +761,8 @@ class ServerSettings:
 
     server_threads: int | None = _setting(
         None, int,
-        'gunicorn request threads per worker (`--threads` wins); unset: ANIMEGAN_MAX_QUEUE + 2, '
+        'gunicorn request threads per worker (`--threads` wins); unset: 2 × (ANIMEGAN_MAX_QUEUE '
+        '+ 1) + 5, '
         'the fewest a worker starts with.',
         low=1, high=1024)
     access_log: str = _setting(

@@ -263,9 +263,9 @@ def test_the_python_api_and_the_cli_are_not_admitted(make_app, tmp_path):
 
 
 @pytest.mark.parametrize(("environ", "threads"), [
-    ({}, 4),  # today's default: 1 running + 2 queued + 1 free
-    ({"ANIMEGAN_MAX_QUEUE": "0"}, 2),
-    ({"ANIMEGAN_MAX_QUEUE": "8"}, 10),
+    ({}, 11),  # today's default: 1 running + 2 queued, 3 + 4 uploads arriving, 1 free
+    ({"ANIMEGAN_MAX_QUEUE": "0"}, 7),
+    ({"ANIMEGAN_MAX_QUEUE": "8"}, 23),
     ({"ANIMEGAN_MAX_QUEUE": "8", "ANIMEGAN_SERVER_THREADS": "16"}, 16),  # set: kept as given
 ])
 def test_gunicorn_conf_derives_its_threads_from_the_queue(environ, threads):

@@ -32,7 +32,7 @@ def start(models_dir: Path, log: Path, **env: str) -> Server:
 
 @pytest.fixture(scope="module")
 def server(models_dir, tmp_path_factory):
-    """The shipped config (4 threads, log level info) with a 1 MiB upload limit."""
+    """The shipped config (11 threads, log level info) with a 1 MiB upload limit."""
     instance = start(models_dir, tmp_path_factory.mktemp("hardening") / "gunicorn.log",
                      ANIMEGAN_MAX_UPLOAD_BYTES=str(LIMIT))
     yield instance
@@ -54,8 +54,8 @@ def timed(call) -> tuple[requests.Response, float]:
 
 
 def test_slow_clients_up_to_threads_minus_one_do_not_block_other_requests(server):
-    """Three of the four threads held by clients trickling a byte a second (one its
-    headers, two their bodies): health, the host's pages and a conversion still answer."""
+    """Three threads held by clients trickling a byte a second (one its headers, two their
+    bodies, within their grace period): health, the host's pages and a conversion answer."""
     body_head = (b"POST /animegan/convert HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
                  b"Content-Length: 1000000\r\n\r\n")
     trickles = [Trickle(server.port, b"GET /about HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"a"),

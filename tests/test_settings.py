@@ -485,7 +485,7 @@ def run_gunicorn_conf(**environ: str) -> subprocess.CompletedProcess[str]:
 def test_gunicorn_conf_reads_the_registry():
     conf = json.loads(run_gunicorn_conf(ANIMEGAN_MAX_QUEUE="8", ANIMEGAN_ACCESS_LOG="",
                                         ANIMEGAN_CONTROL_SOCKET="/run/x.ctl").stdout)
-    assert conf == {"threads": 10, "bind": "127.0.0.1:8000", "accesslog": None,
+    assert conf == {"threads": 23, "bind": "127.0.0.1:8000", "accesslog": None,
                     "timeout": 120, "control_socket_disable": False}
     old = run_gunicorn_conf(ANIMEGAN_THREADS="16", ANIMEGAN_BIND="0.0.0.0:9000")
     assert json.loads(old.stdout.splitlines()[-1])["threads"] == 16

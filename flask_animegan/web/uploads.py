@@ -75,6 +75,9 @@ def read_upload() -> tuple[bytes, Any]:
     once it has arrived, the upload counts against the admission (503 when full)."""
     data, params = _read_body()
     # after the body: a client still sending (or trickling) holds no conversion's place
+    reading = g.pop("animegan_reading", None)
+    if reading is not None:
+        reading.leave()
     g.animegan_admission = get_service().admission.enter()
     return data, params
 

@@ -84,7 +84,7 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
     if endpoint in LIMITED_ENDPOINTS:
         # a full app answers 503 before the upload is read; an upload counts against the
         # admission once it has arrived (read_upload): until then its deadline bounds it
-        get_service().admission.check()
+        g.animegan_reading = get_service().admission.start_reading()
         g.animegan_body = bodies.time_the_body(request.environ)
     # a chunked body is cut at the limit silently: one byte more lets read_upload refuse it
     limit = get_service().settings.max_upload_bytes
@@ -149,9 +149,10 @@ def _drop_body(limit: int) -> bool:
 
 @blueprint.teardown_request
 def _leave_admission(error: BaseException | None) -> None:
-    ticket = g.pop("animegan_admission", None)
-    if ticket is not None:
-        ticket.leave()
+    for name in ("animegan_reading", "animegan_admission"):
+        ticket = g.pop(name, None)
+        if ticket is not None:
+            ticket.leave()
     body = g.pop("animegan_body", None)
     if body is not None:
         bodies.release(body)
