@@ -44,6 +44,22 @@ MAX_ASPECT_RATIO = 20.0
 MAX_JPEG_SCANS = 32
 #: Seconds one decode may take in its helper process before it is killed.
 DECODE_TIMEOUT = 5.0
+#: An upload's body may take this many seconds, plus one per UPLOAD_MIN_RATE bytes it has
+#: sent; a slower one is cut with 408, so that trickling clients give their threads back.
+UPLOAD_GRACE_SECONDS = 10.0
+#: Bytes per second an upload must average after UPLOAD_GRACE_SECONDS (a slow mobile link).
+UPLOAD_MIN_RATE = 8 * 1024
+#: Uploads that may be arriving at once beyond one per admitted conversion: the threads
+#: slow clients may hold (each for UPLOAD_GRACE_SECONDS at most) without blocking the rest.
+SPARE_READERS = 4
+#: Peak memory of one inference run on the whole picture, per megapixel (torch fp32, the
+#: most the backends take; measured in docs/large-photos.md).
+WHOLE_MIB_PER_MEGAPIXEL = 1300
+#: Most memory one whole-picture inference may take: a larger ANIMEGAN_MAX_SIDE is refused
+#: at start (larger sizes run in tiles, ANIMEGAN_MAX_OUTPUT_SIDE).
+WHOLE_PICTURE_BUDGET_MIB = 2048
+#: The largest ANIMEGAN_MAX_SIDE whose square picture fits WHOLE_PICTURE_BUDGET_MIB.
+WHOLE_SIDE_LIMIT = math.isqrt(WHOLE_PICTURE_BUDGET_MIB * 10**6 // WHOLE_MIB_PER_MEGAPIXEL)
 #: Highest frame rate of an animation or video (the frames are bounded by ANIMEGAN_MAX_FRAMES).
 MAX_FPS = 60.0
 #: Largest area of one frame of an animation or video (frames are fitted to ANIMEGAN_MAX_SIDE).
@@ -277,7 +293,7 @@ class Settings:
         512, int,
         'Default long side of the output, in pixels, and the largest the network runs '
         'on in one piece.',
-        low=16, high=8192)
+        low=16, high=WHOLE_SIDE_LIMIT)
     max_output_side: int | None = _setting(
         None, int,
         'Largest long side a photo may ask for; unset: ANIMEGAN_MAX_SIDE. Larger sizes run '
@@ -293,7 +309,7 @@ class Settings:
         'Largest image area (width x height), read from the header before decoding.',
         low=1, high=10**9)
     max_decode_bytes: int = _setting(
-        192 * 1024 * 1024, int,
+        256 * 1024 * 1024, int,
         "Largest memory one decode may need at its peak, estimated from the header before "
         "decoding (docs/http-api.md); larger images get 413.",
         low=1, high=64 * GiB)
@@ -552,6 +568,16 @@ class Settings:
     # -- checks ----------------------------------------------------------------
     def validate(self) -> None:
         """Check every value, then the rules between settings (:class:`SettingError`)."""
+        if isinstance(self.max_side, int) and self.max_side > WHOLE_SIDE_LIMIT:
+            # before the range check: this message names the tiled alternative
+            whole_mib = self.max_side ** 2 / 1e6 * WHOLE_MIB_PER_MEGAPIXEL
+            raise SettingError("ANIMEGAN_MAX_SIDE", (
+                f"ANIMEGAN_MAX_SIDE={self.max_side} runs the network on pictures up to "
+                f"{self.max_side}×{self.max_side} in one piece, which needs about "
+                f"{whole_mib / 1024:.1f} GiB ({WHOLE_MIB_PER_MEGAPIXEL} MiB per megapixel), "
+                f"over the budget of {WHOLE_PICTURE_BUDGET_MIB} MiB: set ANIMEGAN_MAX_SIDE "
+                f"to {WHOLE_SIDE_LIMIT} or less, and ANIMEGAN_MAX_OUTPUT_SIDE={self.max_side} "
+                "to serve larger sizes in tiles (docs/large-photos.md)"))
         for setting in SETTINGS:
             setting.checked(getattr(self, setting.field))
         if self.max_output_side is not None and self.max_output_side < self.max_side:
@@ -559,6 +585,11 @@ class Settings:
                 f"ANIMEGAN_MAX_OUTPUT_SIDE={self.max_output_side} is under ANIMEGAN_MAX_SIDE="
                 f"{self.max_side}, the default size: raise it, or leave it unset for "
                 "ANIMEGAN_MAX_SIDE"))
+        if self.precision == "int8" and self.backend == "torch":
+            raise SettingError("ANIMEGAN_PRECISION", (
+                "ANIMEGAN_PRECISION=int8 runs on OpenVINO only, but ANIMEGAN_BACKEND=torch: "
+                "set ANIMEGAN_BACKEND to openvino or auto, or ANIMEGAN_PRECISION to auto, "
+                "fp32 or bf16"))
         if (self.c2pa_cert is None) != (self.c2pa_key is None):
             given, missing = (("ANIMEGAN_C2PA_CERT", "ANIMEGAN_C2PA_KEY")
                               if self.c2pa_key is None else
@@ -755,7 +786,8 @@ class ServerSettings:
 
     server_threads: int | None = _setting(
         None, int,
-        'gunicorn request threads per worker (`--threads` wins); unset: ANIMEGAN_MAX_QUEUE + 2, '
+        'gunicorn request threads per worker (`--threads` wins); unset: 2 × (ANIMEGAN_MAX_QUEUE '
+        '+ 1) + 5, '
         'the fewest a worker starts with.',
         low=1, high=1024)
     access_log: str = _setting(
@@ -944,7 +976,7 @@ class DecodeLimits:
     """What one decode of an upload may cost (inputs/)."""
 
     max_pixels: int = 40_000_000
-    max_bytes: int = 192 * 1024 * 1024
+    max_bytes: int = 256 * 1024 * 1024
     max_aspect: float = MAX_ASPECT_RATIO
     max_scans: int = MAX_JPEG_SCANS
 

@@ -20,6 +20,7 @@ from gunicorn.glogging import Logger
 from flask_animegan.config import (
     DEFAULTS,
     GRACEFUL_TIMEOUT,
+    SPARE_READERS,
     WORKER_TIMEOUT,
     ServerSettings,
     available_cpus,
@@ -49,13 +50,14 @@ bind = "127.0.0.1:8000"
 workers = 1
 worker_class = "gthread"
 _max_queue = _APP.get("ANIMEGAN_MAX_QUEUE", DEFAULTS["ANIMEGAN_MAX_QUEUE"])
-# one thread per conversion admitted at once (1 + the queue), one for /healthz and the pages
-threads = _SERVER.server_threads or _max_queue + 2
+# one thread per conversion admitted at once (1 + the queue), as many for the uploads
+# arriving for them plus SPARE_READERS for slow clients, one for /healthz and the pages
+threads = _SERVER.server_threads or 2 * (_max_queue + 1) + SPARE_READERS + 1
 # A 1024-px conversion on a slow CPU plus a queue of them: allow minutes, not 30 s.
 timeout, graceful_timeout = WORKER_TIMEOUT, GRACEFUL_TIMEOUT
 # Slow clients: gthread parks a connection until its first byte, but then reads the head
-# and the app the body with no time limit; here only their sizes are bounded (the body's
-# is ANIMEGAN_MAX_UPLOAD_BYTES): bounding time needs nginx in front (deploy/nginx.conf).
+# with no time limit; here only its size is bounded. The app cuts a body that arrives too
+# slowly (web/bodies.py); bounding the head's time needs nginx in front (deploy/nginx.conf).
 keepalive = 5
 limit_request_line = 8190  # method, path and query
 limit_request_fields = 100
@@ -239,10 +241,11 @@ def _check_threads(worker: Any) -> None:
         return
     worker.log.error(
         "%s threads (ANIMEGAN_SERVER_THREADS or --threads) cannot keep a thread free for "
-        "/healthz and the pages: the app admits %s conversions at once (1 + "
-        "ANIMEGAN_MAX_QUEUE), each holding a thread. Set ANIMEGAN_SERVER_THREADS to %s or "
-        "more (unset: ANIMEGAN_MAX_QUEUE + 2), or lower ANIMEGAN_MAX_QUEUE.",
-        threads, admitted, admitted + 1)
+        "/healthz and the pages: the app lets %s requests hold a thread at once (1 + "
+        "ANIMEGAN_MAX_QUEUE conversions, and as many uploads arriving plus %s). Set "
+        "ANIMEGAN_SERVER_THREADS to %s or more (unset: 2 × (ANIMEGAN_MAX_QUEUE + 1) + %s), "
+        "or lower ANIMEGAN_MAX_QUEUE.",
+        threads, admitted, SPARE_READERS, admitted + 1, SPARE_READERS + 1)
     sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
 

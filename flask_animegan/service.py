@@ -16,7 +16,7 @@ from flask_limiter import Limiter
 from PIL import Image
 
 from .cache import NearDuplicateCache
-from .config import Settings
+from .config import SPARE_READERS, Settings
 from .convert.converter import Conversion, Converter
 from .convert.request import ConvertRequest, Sizes, parse_request
 from .convert.route import route
@@ -70,7 +70,8 @@ class AnimeGANService:
                            photo=settings.max_output_side or settings.max_side,
                            media=settings.max_side, default_format=settings.output_format)
         #: the web conversions in the app at once: one running and ANIMEGAN_MAX_QUEUE more
-        self.admission = Admission(1 + settings.max_queue, engine.gate.retry_after)
+        self.admission = Admission(1 + settings.max_queue, engine.gate.retry_after,
+                                   SPARE_READERS)
         self._counting_limiter = counting_limiter
         self.own_limiter = own_limiter
         #: the default style's torch network once warmed up (None before, or if unusable)
@@ -320,8 +321,9 @@ def get_service() -> AnimeGANService:
 
 
 def admitted_at_once() -> int:
-    """Web conversions every AnimeGAN app of this process admits at once (each a thread)."""
-    return sum(service.admission.capacity for service in list(_services))
+    """Request threads every AnimeGAN app of this process lets its web conversions and
+    their arriving uploads hold at once."""
+    return sum(service.admission.threads for service in list(_services))
 
 
 def warm_up_all(background: bool = False) -> list[threading.Thread]:

@@ -54,7 +54,8 @@ class NginxServer(servers.NginxServer):
 class Trickle(threading.Thread):
     """A slow client: it connects from ``address``, sends ``head``, then ``drip`` every
     ``interval`` seconds until stopped, never finishing its request; ``sent`` counts the
-    drips, and ``closed_by_server`` notes whether the server ever closed the connection."""
+    drips, ``closed_by_server`` notes whether the server ever closed the connection (or
+    answered: ``answer`` holds the first line of its answer)."""
 
     def __init__(self, port: int, head: bytes, drip: bytes, *, interval: float = 1.0,
                  address: str = "127.0.0.1") -> None:
@@ -64,6 +65,7 @@ class Trickle(threading.Thread):
         self.stopping = threading.Event()
         self.sent = 0
         self.closed_by_server = False
+        self.answer = b""
 
     def run(self) -> None:
         with socket.socket() as sock:
@@ -77,6 +79,10 @@ class Trickle(threading.Thread):
                     if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
                         self.closed_by_server = True
                         return
+                    sock.settimeout(5)
+                    self.answer = sock.recv(4096).split(b"\r\n", 1)[0]
+                    self.closed_by_server = True
+                    return
                 except BlockingIOError:
                     pass  # still open, nothing said
                 sock.sendall(self.drip)

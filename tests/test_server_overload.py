@@ -22,6 +22,8 @@ from conftest import REPO, free_port, photo_bytes
 from PIL import Image
 from servers import Server
 
+from flask_animegan.config import SPARE_READERS
+
 pytestmark = pytest.mark.server
 SOAK_REQUESTS = int(os.environ.get("ANIMEGAN_SOAK_REQUESTS", "500"))
 FLOOD_SECONDS = 10
@@ -39,8 +41,7 @@ def convert(server: Server, data: bytes, size: int = 128, timeout: float = 120):
 
 
 def test_overload_answers_every_request_and_recovers(models_dir, tmp_path):
-    server = start(models_dir, tmp_path, ANIMEGAN_MAX_QUEUE="2", ANIMEGAN_SERVER_THREADS="4",
-                   ANIMEGAN_MAX_SIDE="512")
+    server = start(models_dir, tmp_path, ANIMEGAN_MAX_QUEUE="2", ANIMEGAN_MAX_SIDE="512")
     try:
         pid = server.worker_pid()
         data = photo_bytes("astronaut")
@@ -73,7 +74,7 @@ def test_a_slow_upload_does_not_block_other_clients(models_dir, tmp_path):
     gunicorn's gthread worker reads the body in the request thread, so each slow client
     costs one thread until it finishes or the timeout hits: put nginx in front (deploy/).
     """
-    server = start(models_dir, tmp_path, ANIMEGAN_SERVER_THREADS="4")
+    server = start(models_dir, tmp_path)
     stop = threading.Event()
     sent = []
 
@@ -119,7 +120,8 @@ def _read_response(sock: socket.socket) -> tuple[bytes, bytes]:
 
 
 def test_a_refused_upload_gets_its_503_and_keeps_its_connection(models_dir, tmp_path):
-    """With the one conversion the app admits held by a trickling upload, a 13 MB upload
+    """With every upload the app lets arrive at once held by a trickling client (1 +
+    SPARE_READERS; each is cut after UPLOAD_GRACE_SECONDS, after this test), a 13 MB upload
     is refused: its body is read and dropped first (gunicorn would drop 64 KiB of it and
     reset the connection), so the client reads the whole 503 and sends its next request
     on the same connection; one that stops sending its body gets the 503 after
@@ -138,16 +140,17 @@ def test_a_refused_upload_gets_its_503_and_keeps_its_connection(models_dir, tmp_
                 sent.append(1)
                 time.sleep(0.2)
 
-    holder = threading.Thread(target=trickle)
-    holder.start()
+    holders = [threading.Thread(target=trickle) for _ in range(1 + SPARE_READERS)]
+    for holder in holders:
+        holder.start()
     data = big_upload()
     head = (b"POST /animegan/convert?size=128 HTTP/1.1\r\nHost: x\r\n"
             b"Content-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n" % len(data))
     try:
         deadline = time.monotonic() + 30
         while requests.get(f"{server.url}/animegan/healthz",
-                           timeout=10).json()["admission"]["admitted"] < 1:
-            assert time.monotonic() < deadline, "the trickling upload was never admitted"
+                           timeout=10).json()["admission"]["reading"] < len(holders):
+            assert time.monotonic() < deadline, "the trickling uploads never arrived"
             time.sleep(0.1)
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
             for _ in range(3):  # three refusals, one connection
@@ -168,10 +171,11 @@ def test_a_refused_upload_gets_its_503_and_keeps_its_connection(models_dir, tmp_
             assert status.startswith(b"HTTP/1.1 503"), status
             assert sock.recv(1) == b""  # the server ended the connection
             assert time.monotonic() - began < 15
-        assert holder.is_alive() and len(sent) > 3  # the conversion was held all along
+        assert all(h.is_alive() for h in holders) and len(sent) > 3  # held all along
     finally:
         stop.set()
-        holder.join()
+        for holder in holders:
+            holder.join()
         server.stop()
 
 
@@ -364,7 +368,7 @@ def test_a_flood_of_conversions_leaves_healthz_answering(models_dir, tmp_path, k
     assert missing_retry_after == []
     assert len(probes) >= FLOOD_SECONDS  # probed all along
     assert max(probes) <= 1.0, sorted(probes)[-5:]
-    assert health["admission"] == {"admitted": 0, "capacity": 3,
+    assert health["admission"] == {"admitted": 0, "capacity": 3, "reading": 0,
                                    "refused": health["admission"]["refused"]}
 
 
@@ -380,5 +384,5 @@ def test_too_few_threads_stop_the_server_naming_the_fix(models_dir, tmp_path):
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "3 threads (ANIMEGAN_SERVER_THREADS or --threads)" in done.stderr, done.stderr[-3000:]
-    assert "admits 3 conversions at once (1 + ANIMEGAN_MAX_QUEUE)" in done.stderr
-    assert "Set ANIMEGAN_SERVER_THREADS to 4 or more" in done.stderr
+    assert "lets 10 requests hold a thread at once (1 + ANIMEGAN_MAX_QUEUE" in done.stderr
+    assert "Set ANIMEGAN_SERVER_THREADS to 11 or more" in done.stderr

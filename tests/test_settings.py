@@ -38,6 +38,7 @@ from flask_animegan.config import (
     RemovedSettingWarning,
     ServerSettings,
     Setting,
+    WHOLE_SIDE_LIMIT,
     SettingError,
     Settings,
     StorageURIs,
@@ -321,6 +322,33 @@ def test_rules_between_settings_are_checked_at_start(tmp_path, config, key):
         build(tmp_path, **config)
 
 
+@pytest.mark.parametrize("config,keys", [
+    ({"ANIMEGAN_MAX_SIDE": 2048}, ("ANIMEGAN_MAX_SIDE", "ANIMEGAN_MAX_OUTPUT_SIDE=2048")),
+    ({"ANIMEGAN_MAX_SIDE": 8192, "ANIMEGAN_MAX_OUTPUT_SIDE": 8192},
+     ("ANIMEGAN_MAX_SIDE", "ANIMEGAN_MAX_OUTPUT_SIDE")),
+    ({"ANIMEGAN_PRECISION": "int8", "ANIMEGAN_BACKEND": "torch"},
+     ("ANIMEGAN_PRECISION", "ANIMEGAN_BACKEND")),
+])
+def test_settings_that_would_hurt_the_process_stop_the_app_naming_the_keys(
+        tmp_path, config, keys):
+    """A whole-picture size over the memory budget, INT8 on torch: refused at start."""
+    with pytest.raises(RuntimeError, match="configuration error") as error:
+        build(tmp_path, **config)
+    assert all(key in str(error.value) for key in keys), str(error.value)
+
+
+@pytest.mark.parametrize("config", [
+    {"ANIMEGAN_MAX_SIDE": WHOLE_SIDE_LIMIT, "ANIMEGAN_MAX_OUTPUT_SIDE": 8192},
+    {"ANIMEGAN_PRECISION": "int8", "ANIMEGAN_BACKEND": "auto"},
+    {"ANIMEGAN_PRECISION": "fp32", "ANIMEGAN_BACKEND": "torch"},
+])
+def test_their_neighbours_start(tmp_path, config):
+    app = build(tmp_path, **config)
+    settings = app.extensions["animegan"].settings
+    assert all(getattr(settings, key.removeprefix("ANIMEGAN_").lower()) == value
+               for key, value in config.items())
+
+
 @pytest.mark.parametrize("name,hint", [
     ("nope", "neither installed nor"), ("papriak", "did you mean 'paprika'"),
     ("Toon_Demo", "did you mean 'toon_demo'"), ("toon_demo.pt", "not a style name"),
@@ -465,7 +493,7 @@ def run_gunicorn_conf(**environ: str) -> subprocess.CompletedProcess[str]:
 def test_gunicorn_conf_reads_the_registry():
     conf = json.loads(run_gunicorn_conf(ANIMEGAN_MAX_QUEUE="8", ANIMEGAN_ACCESS_LOG="",
                                         ANIMEGAN_CONTROL_SOCKET="/run/x.ctl").stdout)
-    assert conf == {"threads": 10, "bind": "127.0.0.1:8000", "accesslog": None,
+    assert conf == {"threads": 23, "bind": "127.0.0.1:8000", "accesslog": None,
                     "timeout": 120, "control_socket_disable": False}
     old = run_gunicorn_conf(ANIMEGAN_THREADS="16", ANIMEGAN_BIND="0.0.0.0:9000")
     assert json.loads(old.stdout.splitlines()[-1])["threads"] == 16

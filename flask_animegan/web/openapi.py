@@ -32,8 +32,8 @@ _PAGE_404 = {"description": "Not found: the page, or the JSON error for an unkno
                  "schema": {"$ref": "#/components/schemas/Error"}}}}
 _RATE_HEADERS = {name: {"$ref": f"#/components/headers/{name}"}
                  for name in ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset")}
-_REFUSALS = {"400": _ERROR, "404": _ERROR, "413": _ERROR, "415": _ERROR, "429": _LIMITED,
-             "503": _BUSY}
+_REFUSALS = {"400": _ERROR, "404": _ERROR, "408": _ERROR, "413": _ERROR, "415": _ERROR,
+             "429": _LIMITED, "503": _BUSY}
 
 
 def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
             "responses": {"303": {"description": "To the result page (or a job's page)"},
                           "200": _HTML, **{code: {"description": "The form with the error",
                                                   "content": _HTML["content"]}
-                                           for code in ("400", "404", "413", "415")},
+                                           for code in ("400", "404", "408", "413", "415")},
                           "429": {"description": "Too many conversions", "headers": {
                               "Retry-After": {"$ref": "#/components/headers/Retry-After"}},
                               "content": _HTML["content"]},

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flask import request, url_for
+from flask import g, request, url_for
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from ..config import FRAMES_PER_CONVERSION
@@ -71,7 +71,18 @@ def receive() -> Upload:
 
 
 def read_upload() -> tuple[bytes, Any]:
-    """The file's bytes and the parameters: multipart (field ``image``) or the raw body."""
+    """The file's bytes and the parameters: multipart (field ``image``) or the raw body;
+    once it has arrived, the upload counts against the admission (503 when full)."""
+    data, params = _read_body()
+    # after the body: a client still sending (or trickling) holds no conversion's place
+    reading = g.pop("animegan_reading", None)
+    if reading is not None:
+        reading.leave()
+    g.animegan_admission = get_service().admission.enter()
+    return data, params
+
+
+def _read_body() -> tuple[bytes, Any]:
     if request.mimetype == "multipart/form-data":
         upload = request.files.get("image")
         if upload is None:

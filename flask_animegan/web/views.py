@@ -44,7 +44,7 @@ from ..errors import (
 from ..outputs.stills import encode
 from ..service import WARMING_RETRY_AFTER, get_service
 from ..storage.pages import StoredResult
-from . import csrf, protection, uploads
+from . import bodies, csrf, protection, uploads
 from .blueprint import blueprint
 from .clients import client_address, is_loopback
 from .limits import conversion_cost, deducts
@@ -84,8 +84,10 @@ def _prepare_request(endpoint: str | None, values: dict[str, Any] | None) -> Non
     # the site's checks first: a visitor they turn away takes no slot and no rate limit
     protection.guard(endpoint)
     if endpoint in LIMITED_ENDPOINTS:
-        # before the upload is read: a full app answers 503 at once (left in _leave_admission)
-        g.animegan_admission = get_service().admission.enter()
+        # a full app answers 503 before the upload is read; an upload counts against the
+        # admission once it has arrived (read_upload): until then its deadline bounds it
+        g.animegan_reading = get_service().admission.start_reading()
+        g.animegan_body = bodies.time_the_body(request.environ)
     # a chunked body is cut at the limit silently: one byte more lets read_upload refuse it
     limit = get_service().settings.max_upload_bytes
     limit = limit if request.content_length is not None else limit + 1
@@ -149,9 +151,13 @@ def _drop_body(limit: int) -> bool:
 
 @blueprint.teardown_request
 def _leave_admission(error: BaseException | None) -> None:
-    ticket = g.pop("animegan_admission", None)
-    if ticket is not None:
-        ticket.leave()
+    for name in ("animegan_reading", "animegan_admission"):
+        ticket = g.pop(name, None)
+        if ticket is not None:
+            ticket.leave()
+    body = g.pop("animegan_body", None)
+    if body is not None:
+        bodies.release(body)
 
 
 def content_security_policy() -> str:
