@@ -117,10 +117,21 @@ def test_a_decode_past_its_time_budget_is_killed_and_the_helper_replaced():
     # about 15 s of decoding on the CI Xeon, 10x the budget (300 scans took 1.56 s there:
     # too close to 1.5 s to tell a killed decode from a fast machine)
     slow = progressive_jpeg(size=(4000, 2500), extra_scans=3000)
-    killed = decoder.pool.killed
-    started = time.perf_counter()
-    with pytest.raises(ImageTooLarge, match="took more than 1.5 s"):
-        decoder.decode(slow, size=64)
+    for _attempt in range(5):
+        killed = decoder.pool.killed
+        started = time.perf_counter()
+        try:
+            decoder.decode(slow, size=64)
+        except Overloaded:
+            # the helper hardly ran (a neighbour test took the cores): a 503, and a new try
+            assert decoder.pool.killed == killed + 1
+            continue
+        except ImageTooLarge as error:
+            assert "took more than 1.5 s" in str(error)
+            break
+        raise AssertionError("a decode ten times its budget finished")
+    else:
+        pytest.fail("the helper was starved of CPU on every try")
     assert time.perf_counter() - started < 6
     assert decoder.pool.killed == killed + 1
     assert decoder.decode(photo_bytes(), size=64).image.size == (64, 43)  # a fresh helper
