@@ -422,7 +422,8 @@ def _result_page(stored: StoredResult, token: str | None, strength: int = FULL,
     else:
         anime = _data_url(stored.mimetype, mixed or stored.result)
         sources = {"original": _data_url("image/jpeg", stored.original), "anime": anime,
-                   "full": _data_url(stored.mimetype, stored.result), "download": anime,
+                   "full": _data_url(stored.mimetype, stored.result) if mixed else "",
+                   "download": anime,
                    "strength": ""}
     response = make_response(render_page("animegan/result.html", page_context(
         token=token, result=stored, sources=sources, kept=token is not None,
