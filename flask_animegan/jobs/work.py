@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from flask import current_app
@@ -335,12 +336,8 @@ class Jobs:
                 self._report(record, started)
                 last_report = time.monotonic()
 
-        def busy() -> None:  # web conversions fill the gate (local queue): wait our turn
-            if self.queue.stopping:
-                raise WorkerStopping
-            self._report(record, None)
-
-        result = self.converter.media(data, info, request, progress=progress, on_busy=busy,
+        result = self.converter.media(data, info, request, progress=progress,
+                                      on_busy=self._waiting(record),
                                       timeout_total=float(self.settings.job_timeout))
         self._check_owner(record)
         if not self.store.put_result(record.id, result.data, result.preview):
@@ -349,6 +346,15 @@ class Jobs:
         record.result_mimetype = result.mimetype
         record.frames_total = record.frames_done
         self._finish(record, JobState.DONE, result.stopped)
+
+    def _waiting(self, record: JobRecord) -> Callable[[], None]:
+        """What a job does while web conversions keep the gate (local queue): stop if the
+        worker is stopping, else report that it lives and wait its turn."""
+        def busy() -> None:
+            if self.queue.stopping:
+                raise WorkerStopping
+            self._report(record, None)
+        return busy
 
     def _convert_photo(self, record: JobRecord, data: bytes) -> None:
         """A photo in tiles: the Converter's photo path, reporting tile by tile."""
@@ -380,14 +386,9 @@ class Jobs:
                 self._report(record, None)
                 last_report = time.monotonic()
 
-        def busy() -> None:  # web conversions keep the gate (local queue): wait our turn
-            if self.queue.stopping:
-                raise WorkerStopping
-            self._report(record, None)
-
         scope = record.client if self.settings.cache_scope == "client" else None
         conversion = self.converter.photo(data, request, scope, progress=progress,
-                                          on_busy=busy)
+                                          on_busy=self._waiting(record))
         self._check_owner(record)
         self._charge_faces(record, conversion.faces or 0)
         small = preview(conversion.data, self.converter.quality)
