@@ -26,7 +26,6 @@ class Plan:
     per_client: dict[int, int] = field(default_factory=lambda: {1: 4, 4: 2, 8: 2})
     baseline_levels: tuple[int, ...] = (1, 4, 8)
     throughput_queue: int = 8  # ANIMEGAN_MAX_QUEUE for the throughput runs: 8 clients queue
-    throughput_threads: int = 10  # ANIMEGAN_SERVER_THREADS, above the queue so a 503 can be sent
     overload_queue: int = 2
     overload_clients: int = 12
     cache_size: int = 512

@@ -124,7 +124,7 @@ def measure_instances(count: int, weights: Weights, data: bytes, plan: ScalePlan
     """``count`` instances sharing the CPUs' torch threads, behind nginx, under load."""
     threads = max(1, usable_cpus() // count)
     env = ours_env(weights, ANIMEGAN_TORCH_THREADS=str(threads), ANIMEGAN_TRUSTED_PROXIES="1",
-                   ANIMEGAN_MAX_QUEUE="8", ANIMEGAN_SERVER_THREADS="10")
+                   ANIMEGAN_MAX_QUEUE="8")
     with contextlib.ExitStack() as stack:
         instances = [stack.enter_context(servers.ours(f"scale-{count}x{threads}-{i}", env,
                                                       workdir / "logs"))

@@ -146,7 +146,11 @@ def wait_for(condition: Callable[[], object], timeout: float = WAIT, what: str =
 
 def wait_for_download(folder: Path, name: str | None = None) -> Path:
     def done() -> Path | None:
-        files = [p for p in folder.iterdir() if not p.name.endswith(".crdownload")]
+        # Chromium reserves the final name (empty) while it writes the .crdownload beside it
+        found = list(folder.iterdir())
+        if any(p.name.endswith(".crdownload") for p in found):
+            return None
+        files = [p for p in found if p.stat().st_size > 0]
         if name is not None:
             files = [p for p in files if p.name == name]
         return files[0] if files else None
