@@ -139,12 +139,13 @@ def test_the_page_in_a_layout_at_a_size(site, browser, astronaut_file, size, wid
     wait_for(lambda: by_id(driver, "animegan-result-panel").is_displayed(), what="the result")
     result = by_id(driver, "animegan-result")
     wait_for(lambda: natural_size(driver, result) == (384, 384), 10, "the result image")
-    # one large view: the result as wide as the column allows (up to 48rem), with the
-    # photo over it and the slider below; the plain page's "photo you sent" is folded away
+    # one view: the result at its own pixel size at most (never stretched, so never soft),
+    # narrower only where the column is, with the photo over it and the slider below; the
+    # plain page's "photo you sent" is folded away
     frame = driver.find_element("css selector", ".animegan-compare-frame")
     column = driver.execute_script(
         "return document.querySelector('.animegan').getBoundingClientRect().width")
-    assert frame.size["width"] >= min(column - 40, 700), (frame.size, column)
+    assert min(384, column - 40) <= frame.size["width"] <= 384, (frame.size, column)
     assert driver.find_element("css selector", ".animegan-compare-before").is_displayed()
     assert driver.find_element("css selector", ".animegan-compare-range").is_displayed()
     assert not driver.find_element("css selector", ".animegan-photo-sent").is_displayed()
