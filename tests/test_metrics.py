@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -85,8 +86,8 @@ def test_counts_are_summed_over_gunicorn_workers(models_dir, tmp_path):
         "ANIMEGAN_RATE_LIMIT": "", "ANIMEGAN_ACCESS_LOG": "", "ANIMEGAN_METRICS": "1",
         "ANIMEGAN_MAX_SIDE": "128", "ANIMEGAN_SAMPLE_SIZE": "0",
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "ANIMEGAN_TORCH_THREADS": "1",
-        "ANIMEGAN_MAX_QUEUE": "0",  # 2 threads: one conversion admitted, one thread free
-    }, log=tmp_path / "log.txt", args=("-w", "2", "--threads", "2"))
+        "ANIMEGAN_MAX_QUEUE": "0",  # the fewest threads the app accepts: 2 x 1 + 5
+    }, log=tmp_path / "log.txt", args=("-w", "2", "--threads", "7", "--worker-connections", "2"))
     try:
         def healthz_count() -> float:
             samples = scrape(requests.get(f"{server.url}/animegan/metrics", timeout=30).text)
@@ -95,10 +96,17 @@ def test_counts_are_summed_over_gunicorn_workers(models_dir, tmp_path):
 
         before = healthz_count()  # the server's start-up polls
         # a new connection per request; go on until both workers have answered
+        # in bursts of 16 at once, each worker taking 2 connections at a time: the kernel
+        # wakes the same idle worker first, so one at a time would all go to it
         sent, pids = 0, set()
-        while len(pids) < 2 and sent < 300:
-            pids.add(requests.get(f"{server.url}/animegan/healthz", timeout=30).json()["pid"])
-            sent += 1
+
+        def pid(_: int) -> int:
+            return requests.get(f"{server.url}/animegan/healthz", timeout=30).json()["pid"]
+
+        with ThreadPoolExecutor(16) as pool:
+            while len(pids) < 2 and sent < 320:
+                pids.update(pool.map(pid, range(16)))
+                sent += 16
         assert len(pids) == 2, "one worker answered every request"
         for name in ("coffee", "astronaut", "chelsea"):
             response = requests.post(f"{server.url}/animegan/convert", timeout=60,
