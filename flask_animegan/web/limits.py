@@ -242,11 +242,8 @@ class JobAllowance:
     def __init__(self, limiter: Callable[[], Limiter], rate_limit: str | None) -> None:
         self.counting = limiter
         self.items = parse_many(rate_limit) if rate_limit else []
-
-    @property
-    def cap(self) -> int:
-        """The most one piece of work may cost: the smallest limit's amount."""
-        return min(item.amount for item in self.items) if self.items else 1
+        #: the most one piece of work may cost
+        self.cap = smallest_limit(rate_limit)
 
     def take(self, key: list[str], amount: int, *, room: bool = True) -> bool:
         """Take ``amount`` conversions from the client's allowance; False (none taken) when
@@ -280,10 +277,15 @@ class JobAllowance:
                         exc_info=True)
 
 
-def largest_charge() -> int:
-    """The most one request may cost: the smallest limit's amount (1: no rate limit)."""
-    rate_limit = get_service().settings.rate_limit
+def smallest_limit(rate_limit: str | None) -> int:
+    """The smallest amount among ``rate_limit``'s limits (1: no rate limit): the most one
+    piece of work may cost, so that none is refused forever."""
     return min(item.amount for item in parse_many(rate_limit)) if rate_limit else 1
+
+
+def largest_charge() -> int:
+    """The most one request may cost (:func:`smallest_limit` of the app's limit)."""
+    return smallest_limit(get_service().settings.rate_limit)
 
 
 def deducts(response: Response) -> bool:
