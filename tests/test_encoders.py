@@ -30,12 +30,16 @@ from flask_animegan.outputs.animations import (
     MP4_AUDIO_COPIED,
     ApngWriter,
     GifWriter,
+    Mp4Join,
     Mp4Writer,
     WebPWriter,
     crf_for,
+    join,
     preview,
+    read_track,
     writer_for,
 )
+from flask_animegan.outputs.segments import Segment, segment_frames
 from tests import media
 
 LIMITS, DECODE = MediaLimits(), DecodeLimits()
@@ -48,12 +52,33 @@ def _audio(source: bytes, info: Any, audio_timeout: float = AUDIO_TIMEOUT_S) -> 
 
 
 def rewrite(source: bytes, size: int = 96, quality: int = 90) -> tuple[Any, str, bytes]:
-    """``source`` decoded frame by frame and written by its writer: (writer, MIME type, bytes)."""
+    """``source`` decoded frame by frame, written in segments and joined, as a job does:
+    (the join, MIME type, bytes)."""
     info = probe(source, LIMITS, DECODE)
-    writer, mimetype = writer_for(info, _audio(source, info), quality=quality)
-    for frame in frames(source, info, LIMITS, DECODE, size=size):
-        writer.add(frame.image, frame.duration_ms, frame.disposal, pts=frame.pts)
-    return writer, mimetype, writer.finish()
+    return _write(source, info, list(frames(source, info, LIMITS, DECODE, size=size)),
+                  quality=quality)
+
+
+def _write(source: bytes, info: Any, frames_in: list[Any], quality: int = 90,
+           **options: Any) -> tuple[Any, str, bytes]:
+    """``frames_in`` in segments of ``info``'s length, each by its writer, then joined with
+    the source's audio: (the join, whose ``audio`` says what became of it, MIME type, bytes)."""
+    per = segment_frames(info)
+    segments = []
+    for first in range(0, len(frames_in), per):
+        part = frames_in[first:first + per]
+        writer, mimetype = writer_for(info, quality=quality)
+        start = part[0].pts
+        for frame in part:
+            writer.add(frame.image, frame.duration_ms, frame.disposal, pts=frame.pts - start)
+        last = part[-1]
+        segments.append(Segment(first // per, first, len(part), 0, start,
+                                last.pts + last.duration_ms / 1000, writer.finish()))
+    track, error = read_track(info, _audio(source, info, **options))
+    if info.kind != "video":
+        return None, mimetype, join(info, segments, None)
+    joining = Mp4Join(track, audio_error=error)
+    return joining, mimetype, joining.join(segments)
 
 
 def animation(data: bytes) -> dict[str, Any]:
@@ -178,22 +203,28 @@ def test_writers_refuse_what_they_cannot_write(fmt):
 
 def test_an_abandoned_video_writer_closes():
     """A failed or cancelled job closes its writer: nothing stays open (the suite turns an
-    unclosed file into an error), a second close and a close after finish do nothing."""
+    unclosed file into an error), a second close and a close after finish do nothing; a
+    join of no segment, or of one that is no MP4, leaves nothing open either."""
     source = media.video_clip(0.5, 10)
     track = Decoder(timeout=20).audio(source, probe(source, LIMITS, DECODE))
     assert track is not None
     for frames_added in (0, 3):
-        writer = Mp4Writer(track, fps=10, quality=80)
+        writer = Mp4Writer(fps=10, quality=80)
         for image in media.camera_move(frames_added, (96, 64)):
             writer.add(image, 100, None)
         writer.close()
         writer.close()
-    writer = Mp4Writer(track, fps=10, quality=80)
+    writer = Mp4Writer(fps=10, quality=80)
     writer.add(next(media.camera_move(1, (96, 64))), 100, None)
-    assert len(video(writer.finish())["times"]) == 1
+    segment = Segment(0, 0, 1, 0, 0.0, 0.1, writer.finish())
+    assert len(video(Mp4Join(track).join([segment]))["times"]) == 1
     writer.close()
     with pytest.raises(ValueError, match="no frames"):
-        Mp4Writer(track, fps=10, quality=80).finish()
+        Mp4Writer(fps=10, quality=80).finish()
+    with pytest.raises(ValueError, match="no segments"):
+        Mp4Join(track).join([])
+    with pytest.raises(av.error.FFmpegError):
+        Mp4Join(track).join([Segment(0, 0, 1, 0, 0.0, 0.1, b"not an mp4")])
 
 
 def test_a_still_has_no_frame_writer():
@@ -201,8 +232,10 @@ def test_a_still_has_no_frame_writer():
     info = probe(source, LIMITS, DECODE)
     still = probe(_jpeg(), LIMITS, DECODE)
     with pytest.raises(ValueError, match="photo path"):
-        writer_for(still, None, quality=90)
-    assert writer_for(info, None, quality=90)[1] == "video/mp4"
+        writer_for(still, quality=90)
+    writer, mimetype = writer_for(info, quality=90)
+    writer.close()
+    assert mimetype == "video/mp4"
 
 
 def _jpeg() -> bytes:
@@ -374,7 +407,7 @@ def _stereo(mono: av.AudioFrame) -> av.AudioFrame:
 
 def test_frames_without_times_follow_their_durations():
     """A caller that passes no pts gets each frame after the previous one's duration."""
-    writer = Mp4Writer(None, fps=10, quality=80)
+    writer = Mp4Writer(fps=10, quality=80)
     for image in media.camera_move(6, (96, 64)):
         writer.add(image, 125, None)
     found = video(writer.finish())
@@ -389,10 +422,15 @@ MATRICES = {1: (0.2126, 0.0722), 5: (0.299, 0.114), 6: (0.299, 0.114)}
 
 
 def mp4_of_colours(size: tuple[int, int]) -> bytes:
-    writer = Mp4Writer(None, fps=4, quality=95)
-    for colour in COLOURS:
-        writer.add(Image.new("RGB", size, colour), 250, None)
-    return writer.finish()
+    """The colours in two segments, joined: the result's tags are the segments' own."""
+    segments = []
+    for index in range(2):
+        writer = Mp4Writer(fps=4, quality=95)
+        for colour in COLOURS[2 * index:2 * index + 2]:
+            writer.add(Image.new("RGB", size, colour), 250, None)
+        segments.append(Segment(index, 2 * index, 2, 0, 0.5 * index, 0.5 * index + 0.5,
+                                writer.finish()))
+    return Mp4Join(None).join(segments)
 
 
 def shown(frame: av.VideoFrame, matrix: int, full_range: bool) -> tuple[int, ...]:
@@ -451,7 +489,7 @@ def test_memory_stays_flat_however_many_frames(fmt):
     """240 frames of 256x192 are 35 MB as RGB images; a writer that kept them would grow by
     that much. After the first 40 frames (allocator and encoder warm-up) the process may grow
     by at most 8 MB while the other 200 are written."""
-    writer = (Mp4Writer(None, fps=25, quality=80) if fmt == "MP4"
+    writer = (Mp4Writer(fps=25, quality=80) if fmt == "MP4"
               else WRITERS[fmt]())
     frame_bytes = FLAT_SIZE[0] * FLAT_SIZE[1] * 3
     peak = base = 0
@@ -489,14 +527,6 @@ def test_the_writer_never_opens_the_upload(monkeypatch):
     assert opened and source not in opened
     assert all(data[4:8] == b"ftyp" and len(data) < len(source) for data in opened)
     assert video(written)["audio"]["packets"] == video(source)["audio"]["packets"]
-
-
-def _write(source: bytes, info: Any, frames_in: list[Any],
-           **options: Any) -> tuple[Any, str, bytes]:
-    writer, mimetype = writer_for(info, _audio(source, info, **options), quality=90)
-    for frame in frames_in:
-        writer.add(frame.image, frame.duration_ms, frame.disposal, pts=frame.pts)
-    return writer, mimetype, writer.finish()
 
 
 #: a hostile audio track: (name, clip, writer_for options, what the log says)

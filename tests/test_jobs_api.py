@@ -302,7 +302,7 @@ def test_a_client_whose_worker_died_is_not_refused_for_it(make_app):
     info = jobs.probe(data)
     record = jobs.store.create(data, client=address, style="test_style", size=SIZE,
                                kind=info.kind, format=info.format, frames_total=info.frames)
-    record.state, record.attempts = JobState.RUNNING, 2
+    record.state, record.attempts, record.lost_runs = JobState.RUNNING, 2, 1
     record.updated_at = time.time() - JOB_STALL_SECONDS - 1
     jobs.store.start(record)
     client = app.test_client()

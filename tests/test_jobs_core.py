@@ -249,12 +249,14 @@ def test_unfinished_jobs_are_counted_per_client(service):
 def stalled_copy(service, data: bytes, attempts: int, client: str = CLIENT,
                  reported: float | None = None) -> JobRecord:
     """A job as a killed worker leaves it: running, listed among the started runs, its last
-    report at ``reported`` (default: longer ago than the stall time)."""
+    report at ``reported`` (default: longer ago than the stall time); ``attempts`` 2: its
+    first run was lost too, before it finished a segment."""
     info = service.jobs.probe(data)
     record = service.jobs.store.create(data, client=client, style="test_style", size=96,
                                        kind=info.kind, format=info.format,
                                        frames_total=info.frames)
     record.state, record.attempts, record.frames_done = JobState.RUNNING, attempts, 3
+    record.lost_runs = attempts - 1
     record.updated_at = (reported if reported is not None
                          else time.time() - work.JOB_STALL_SECONDS - 1)
     service.jobs.store.start(record)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +15,9 @@ from ..config import PortraitLimits
 from ..errors import ConversionError, Overloaded
 from ..inputs.decoding import fit, fitted_size, to_rgb
 from ..inputs.isolation import Decoder
-from ..inputs.media import Frame, MediaInfo
+from ..inputs.media import AudioTrack, Frame, MediaInfo
 from ..outputs.labels import COMPOSITE, TRAINED, ContentLabel, Labelling
+from ..outputs.segments import Segment, segment_frames
 from ..outputs.stills import MIME_TYPES, encode
 from ..runtime import tiles as tiling
 from ..runtime.catalog import StyleInfo
@@ -29,6 +30,7 @@ from .strength import FULL, mix_strength
 if TYPE_CHECKING:  # pragma: no cover
     from ..cache import CachedResult, NearDuplicateCache
     from ..cache.near_duplicate import Fingerprint, Lookup
+    from ..outputs.animations import FrameWriter
     from ..portrait import Face
     from ..runtime.engine import InferenceEngine
 
@@ -374,13 +376,16 @@ class Converter:
 
     def frames(self, frames: Iterator[Frame], style: str, colors: str,
                on_busy: Callable[[], None] | None = None, strength: int = FULL,
-               ) -> Iterator[tuple[Frame, Image.Image, bool]]:
+               fresh_every: int = 0) -> Iterator[tuple[Frame, Image.Image, bool]]:
         """Each frame, its converted picture (mixed at ``strength``), and whether it reused
-        the last one's; while the model's queue is full, ``on_busy`` is called (it may
-        raise) and the frame retried."""
+        the last one's (never across a multiple of ``fresh_every``, where a segment starts);
+        while the model's queue is full, ``on_busy`` is called (it may raise) and the frame
+        retried."""
         anchor: repeats.Picture | None = None  # the last frame converted
         converted: Image.Image | None = None
         for frame in frames:
+            if fresh_every and frame.index % fresh_every == 0:
+                anchor = converted = None
             picture = repeats.Picture.of(frame.image) if self.reuse_repeats else None
             if (picture is not None and converted is not None
                     and repeats.is_repeat(picture, anchor)):
@@ -399,47 +404,104 @@ class Converter:
             anchor = picture
             yield frame, converted, False
 
+    def segments(self, data: bytes, info: MediaInfo, request: ConvertRequest, *,
+                 start: int = 0, progress: Progress | None = None,
+                 on_busy: Callable[[], None] | None = None,
+                 timeout_total: float | None = None) -> Iterator[Segment]:
+        """Convert an animation or a video from its segment ``start`` on, yielding each
+        segment once encoded (the first with its preview). ``progress`` gets the frames
+        done in all and those reused since ``start``; its StopFrames ends the segment and
+        the frames there."""
+        encoders = _encoders()
+        style, options = request.style, request.options
+        label = self.label(style, options.colors, strength=options.strength)
+        per = segment_frames(info)
+        frames = self.decoder.frames(data, info, size=request.size, square=style.face,
+                                     start=start * per, total_timeout=timeout_total)
+        writer: FrameWriter | None = None
+        segment = Segment(start, start * per, 0, 0, 0.0, 0.0, b"")
+        reused = 0
+        try:
+            for frame, picture, again in self.frames(frames, style.name, options.colors,
+                                                     on_busy, options.strength, per):
+                if writer is None:
+                    writer, _ = encoders.writer_for(info, quality=self.quality, label=label)
+                    segment = Segment(frame.index // per, frame.index, 0, 0, frame.pts,
+                                      frame.pts, b"")
+                    if segment.index == 0:
+                        segment.preview = encoders.preview(picture, self.quality, label)
+                writer.add(picture, frame.duration_ms, frame.disposal,
+                           pts=frame.pts - segment.start_s)
+                segment.frames += 1
+                segment.reused += again
+                segment.end_s = frame.pts + frame.duration_ms / 1000
+                reused += again
+                if progress is not None:
+                    try:
+                        progress(frame.index + 1, reused)
+                    except StopFrames as stop:
+                        segment.stopped = str(stop)
+                if segment.stopped or (frame.index + 1) % per == 0:
+                    segment.data, writer = writer.finish(), None
+                    yield segment
+                    if segment.stopped:
+                        return
+            if writer is not None:  # the last segment, shorter
+                segment.data, writer = writer.finish(), None
+                yield segment
+        finally:
+            if writer is not None:
+                writer.close()  # an abandoned segment: its temporary file goes
+            getattr(frames, "close", lambda: None)()  # the helper, killed
+
+    def join(self, data: bytes, info: MediaInfo, request: ConvertRequest,
+             segments: Sequence[Segment], audio: AudioTrack | None = None, *,
+             audio_error: str | None = None, signed: bool = True) -> bytes:
+        """The result of ``segments`` (the first ones of the upload ``data``, in order) in
+        the upload's kind, with the video's ``audio``, labelled, signed if ``signed``."""
+        encoders = _encoders()
+        options = request.options
+        label = self.label(request.style, options.colors, strength=options.strength)
+        joined = encoders.join(info, segments, audio, audio_error=audio_error, label=label)
+        return self._signed(joined, self.media_type(info), label, data) if signed else joined
+
+    @staticmethod
+    def media_type(info: MediaInfo) -> str:
+        """The MIME type of an animation's or a video's result."""
+        mimetype: str = _encoders().mimetype_for(info)
+        return mimetype
+
+    def audio(self, data: bytes, info: MediaInfo) -> tuple[AudioTrack | None, str | None]:
+        """The video's audio track as the result carries it, and why not when it cannot."""
+        encoders = _encoders()
+        found: tuple[AudioTrack | None, str | None] = encoders.read_track(
+            info, lambda: self.decoder.audio(
+                data, info, timeout=self.audio_timeout or encoders.AUDIO_TIMEOUT_S))
+        return found
+
     def media(self, data: bytes, info: MediaInfo, request: ConvertRequest, *,
               progress: Progress | None = None, on_busy: Callable[[], None] | None = None,
               timeout_total: float | None = None) -> MediaResult:
-        """Convert an animation or a video frame by frame into the upload's kind."""
-        try:  # imported on first use: an app of photos only needs no PyAV
-            from ..outputs import animations as encoders
-        except ImportError as exc:
-            raise ConversionError("animations and videos need PyAV on this server: pip "
-                                  "install 'flask-animegan[jobs]'") from exc
-        style = request.style
-        label = self.label(style, request.options.colors)
-        writer, mimetype = encoders.writer_for(
-            info, lambda: self.decoder.audio(
-                data, info, timeout=self.audio_timeout or encoders.AUDIO_TIMEOUT_S),
-            quality=self.quality, label=label)
-        frames = self.decoder.frames(data, info, size=request.size, square=style.face,
-                                     total_timeout=timeout_total)
-        done = reused = 0
-        first: Image.Image | None = None
-        stopped: str | None = None
-        try:
-            for frame, picture, again in self.frames(frames, style.name,
-                                                     request.options.colors, on_busy,
-                                                     request.options.strength):
-                first = first or picture
-                writer.add(picture, frame.duration_ms, frame.disposal, pts=frame.pts)
-                done, reused = done + 1, reused + again
-                if progress is not None:
-                    try:
-                        progress(done, reused)
-                    except StopFrames as stop:
-                        stopped = str(stop)
-                        break
-            if first is None:
-                raise ConversionError("the file holds no frame to convert")
-            result = self._signed(writer.finish(), mimetype, label, data)
-        finally:
-            writer.close()  # an abandoned result: its temporary file goes
-            getattr(frames, "close", lambda: None)()  # the helper, killed
-        return MediaResult(result, mimetype, encoders.preview(first, self.quality, label),
-                           stopped)
+        """Convert an animation or a video in one go: its segments, joined."""
+        audio, error = self.audio(data, info)
+        segments = list(self.segments(data, info, request, progress=progress,
+                                      on_busy=on_busy, timeout_total=timeout_total))
+        if not segments:
+            raise ConversionError("the file holds no frame to convert")
+        result = self.join(data, info, request, segments, audio, audio_error=error)
+        return MediaResult(result, self.media_type(info), segments[0].preview,
+                           segments[-1].stopped)
+
+
+def _encoders() -> Any:
+    """The animation and video encoders, imported on first use: an app of photos only
+    needs no PyAV."""
+    try:
+        from ..outputs import animations
+    except ImportError as exc:
+        raise ConversionError("animations and videos need PyAV on this server: pip "
+                              "install 'flask-animegan[jobs]'") from exc
+    return animations
 
 
 def strip(crops: list[Image.Image]) -> Image.Image:

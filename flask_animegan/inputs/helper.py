@@ -23,6 +23,9 @@ from .decoding import DecodeLimits, decode_upload
 from .media import MediaInfo, MediaLimits
 
 MODULE = "flask_animegan.inputs.helper"
+#: A frames request that starts past the first frame says it lives every this many
+#: frames it decodes before the start, so each wait stays within the decode timeout.
+SKIPPED_REPORT = 25
 FRAME = struct.Struct(">II")
 #: Helpers run below the server's CPU priority: a flood of slow files then takes only the
 #: CPU that the server's own threads (/healthz, the pages, inference) leave.
@@ -106,8 +109,13 @@ def _run(out: BinaryIO, request: dict[str, Any], data: bytes) -> None:
                                            "complete": track.complete}
         write_message(out, {"ok": True, "audio": head}, track.data if track else b"")
     else:
+        def skipped(index: int) -> None:  # frames before the start: a sign of life
+            if index % SKIPPED_REPORT == 0:
+                write_message(out, {"ok": True, "more": True, "skipped": index})
+
         for frame in media.frames(data, MediaInfo(**request["info"]), limits, decode,
-                                  size=int(request["size"]), square=bool(request["square"])):
+                                  size=int(request["size"]), square=bool(request["square"]),
+                                  start=int(request.get("start", 0)), skipped=skipped):
             head = {"index": frame.index, "width": frame.image.width,
                     "height": frame.image.height, "duration_ms": frame.duration_ms,
                     "disposal": frame.disposal, "pts": frame.pts}

@@ -224,15 +224,16 @@ class Decoder:
         return MediaInfo(**answer["info"])
 
     def frames(self, data: bytes, info: MediaInfo, *, size: int, square: bool = False,
-               total_timeout: float | None = None) -> Iterator[Frame]:
-        """``info``'s frames fitted to ``size``, streamed (:func:`.media.frames`). Isolated,
-        each frame may take the decode timeout, and all the waits ``total_timeout`` s."""
+               start: int = 0, total_timeout: float | None = None) -> Iterator[Frame]:
+        """``info``'s frames from index ``start`` fitted to ``size``, streamed
+        (:func:`.media.frames`). Isolated, each frame may take the decode timeout, and all
+        the waits ``total_timeout`` s."""
         if self.isolation == "thread":
             yield from media.frames(data, info, self.media, self.limits, size=size,
-                                    square=square)
+                                    square=square, start=start)
             return
         header = {"op": "frames", "info": asdict(info), "size": size, "square": square,
-                  "memory": self._memory(3 * size * size)}
+                  "start": start, "memory": self._memory(3 * size * size)}
         for answer, pixels in self._ask(header, data, f"the {info.kind}",
                                         f"decode the {info.kind}", total_timeout):
             if "frame" in answer:

@@ -9,7 +9,7 @@ import dataclasses
 import io
 import math
 import struct
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -400,10 +400,12 @@ def _video_rotation(data: bytes, demuxer: str, info: MediaInfo) -> int:
 
 # -- frames ----------------------------------------------------------------------------
 def frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: DecodeLimits, *,
-           size: int, square: bool = False) -> Generator[Frame, None, None]:
-    """The frames of ``data`` (as :func:`probe` found it), decoded one at a time and fitted
-    to ``size``; raises BadImage, or ImageTooLarge when the file holds more than its header
-    said and more than the limits allow."""
+           size: int, square: bool = False, start: int = 0,
+           skipped: Callable[[int], None] | None = None) -> Generator[Frame, None, None]:
+    """The frames of ``data`` (as :func:`probe` found it) from index ``start``, decoded one
+    at a time and fitted to ``size`` (those before ``start`` decoded, counted, passed to
+    ``skipped`` by index, not fitted); raises BadImage, or ImageTooLarge when the file holds more than its header said and
+    more than the limits allow."""
     if info.kind == "still":
         decoded = decoding.decode_upload(data, decode, size=size, square=square)
         yield Frame(0, decoded.image, DEFAULT_DURATION_MS, None, 0.0)
@@ -412,7 +414,7 @@ def frames(data: bytes, info: MediaInfo, limits: MediaLimits, decode: DecodeLimi
     source = _video_frames if info.kind == "video" else _animation_frames
     with decoding.failures(f"the {_name(info)}",
                            lambda exc: decoding.corrupt(info.format, exc, MEDIA_HINT)):
-        yield from source(data, info, counter, size, square)
+        yield from source(data, info, counter, size, square, _Skip(start, skipped))
 
 
 class _Counter:
@@ -447,6 +449,20 @@ class _Counter:
                                 "pixels in all; send a shorter or smaller one")
 
 
+class _Skip:
+    """Whether a frame comes before the first one asked for (decoded and counted only)."""
+
+    def __init__(self, start: int, skipped: Callable[[int], None] | None) -> None:
+        self.start, self.skipped = start, skipped
+
+    def __call__(self, index: int) -> bool:
+        if index >= self.start:
+            return False
+        if self.skipped is not None:
+            self.skipped(index)
+        return True
+
+
 def _fitted(image: Image.Image, size: int, square: bool) -> Image.Image:
     """An RGB copy of a decoder's frame, fitted (never the decoder's own, reused canvas)."""
     plain = image.mode == "RGB" and not {"transparency", "icc_profile"} & set(image.info)
@@ -457,7 +473,7 @@ def _fitted(image: Image.Image, size: int, square: bool) -> Image.Image:
 
 
 def _animation_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int,
-                      square: bool) -> Iterator[Frame]:
+                      square: bool, skip: _Skip) -> Iterator[Frame]:
     with Image.open(io.BytesIO(data), formats=(info.format,)) as image:
         pts = 0.0
         index = 0
@@ -478,8 +494,9 @@ def _animation_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int
             duration = normal_duration(image.info.get("duration"))
             disposal = (getattr(image, "disposal_method", None) if info.format == "GIF"
                         else image.info.get("disposal"))
-            yield Frame(index, _fitted(image, size, square), duration,
-                        None if disposal is None else int(disposal), pts)
+            if not skip(index):
+                yield Frame(index, _fitted(image, size, square), duration,
+                            None if disposal is None else int(disposal), pts)
             pts += duration / 1000
             index += 1
 
@@ -490,7 +507,7 @@ _ROTATIONS = {90: Image.Transpose.ROTATE_90, -90: Image.Transpose.ROTATE_270,
 
 
 def _video_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int,
-                  square: bool) -> Iterator[Frame]:
+                  square: bool, skip: _Skip) -> Iterator[Frame]:
     demuxer = _video_demuxer(data)
     if demuxer is None:
         raise BadImage(f"the file is not a video; {MEDIA_HINT}")
@@ -508,6 +525,8 @@ def _video_frames(data: bytes, info: MediaInfo, counter: _Counter, size: int,
                 start = time
             pts = max(0.0, time - start)
             counter.add(index, frame.width, frame.height, pts)
+            if skip(index):
+                continue
             seconds = (float(frame.duration * frame.time_base)
                        if frame.duration and frame.time_base else 1 / fps)
             image = frame.to_image()

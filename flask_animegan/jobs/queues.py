@@ -65,6 +65,8 @@ class JobQueue(ABC):
     """Runs jobs by id, one at a time per worker."""
 
     kind: str = ""
+    #: whether a run handed back here is taken by another worker (not lost with this process)
+    shared: bool = False
     _sweep: Callable[[], object] | None = None
     _sweep_every = 5.0
     _sweeper: threading.Thread | None = None
@@ -74,6 +76,9 @@ class JobQueue(ABC):
     def stopping(self) -> bool:
         """Whether this process is exiting: a job running here stops at its next frame."""
         return False
+
+    def frames_converted(self, count: int) -> None:
+        """Count ``count`` frames a job converted here (the scale metrics' rate)."""
 
     def sweep_with(self, sweep: Callable[[], object], every: float) -> None:
         """Set what the workers run every ``every`` seconds beside their jobs."""
@@ -217,6 +222,7 @@ class RQQueue(JobQueue):
     """An ``rq.Queue``; each run is its own RQ job, so a requeued run never meets a dead one's."""
 
     kind = "rq"
+    shared = True
 
     def __init__(self, uri: str, *, max_queue: int, job_timeout: int, ttl: int,
                  worker_timeout: int = 60, beat: int = 10, name: str = QUEUE_NAME) -> None:

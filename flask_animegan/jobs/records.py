@@ -15,6 +15,8 @@ from enum import Enum
 from typing import Any
 
 from ..errors import StorageUnavailable
+from ..inputs.media import AudioTrack
+from ..outputs.segments import Segment
 from ..storage import Storage
 
 #: What a job id looks like (``secrets.token_urlsafe(24)``); anything else is no job.
@@ -64,7 +66,19 @@ class JobRecord:
     eta_s: float | None = None
     error: str | None = None  # fit to show the person who sent the upload
     result_mimetype: str | None = None
-    attempts: int = 0  # runs started (a stalled job is run again once)
+    attempts: int = 0  # runs started
+    #: runs lost (a stalled or dead worker) before they finished a segment: a job is run
+    #: again after one such; a run that finished a segment is no fault of the job's
+    lost_runs: int = 0
+    #: an animation's or video's segments (outputs/segments.py): frames in one, those
+    #: finished and kept (a run resumes at the next), their reused frames, and where this
+    #: run started
+    segment_frames: int = 0
+    segments_done: int = 0
+    segments_reused: int = 0
+    run_from: int = 0
+    #: why the frames end before the upload's last (the rate limit ran out), once known
+    stopped: str | None = None
     cancel_requested: bool = False
     #: the rate limit's key of the client (its request args), where the frames are charged;
     #: emptied when the job ends
@@ -192,9 +206,59 @@ class JobStore:
         """Forget the upload of an ended job (overwritten, expiring at once)."""
         self.storage.set(self._key(job_id, "input"), b"", 1)  # a TTL of 0 stores nothing
 
-    def put_result(self, job_id: str, data: bytes, preview: bytes) -> bool:
+    def put_result(self, job_id: str, data: bytes, preview: bytes | None = None) -> bool:
+        """Store the result (and its preview, unless stored already)."""
         return (self.storage.set(self._key(job_id, "result"), data, self.ttl)
-                and self.storage.set(self._key(job_id, "preview"), preview, self.ttl))
+                and (preview is None or self.put_preview(job_id, preview)))
+
+    def put_preview(self, job_id: str, preview: bytes) -> bool:
+        return self.storage.set(self._key(job_id, "preview"), preview, self.ttl)
+
+    def put_segment(self, job_id: str, segment: Segment) -> bool:
+        """Keep a finished segment for the join and the page (False: refused)."""
+        return self.storage.set(self._key(job_id, f"segment:{segment.index}"),
+                                segment.to_bytes(), self.ttl)
+
+    def get_segments(self, job_id: str, count: int) -> list[Segment] | None:
+        """The job's first ``count`` segments; None if one has expired or is unreadable."""
+        found = []
+        for index in range(count):
+            blob = self.storage.get(self._key(job_id, f"segment:{index}"))
+            segment = Segment.from_bytes(blob) if blob else None
+            if segment is None or segment.index != index:
+                return None
+            found.append(segment)
+        return found
+
+    def put_audio(self, job_id: str, track: AudioTrack | None, error: str | None) -> bool:
+        """Keep the video's audio track as read once (or why it is left out), so that every
+        run writes the same."""
+        head = json.dumps({"error": error, "track": None if track is None else {
+            "codec": track.codec, "transcoded": track.transcoded,
+            "complete": track.complete}}).encode()
+        blob = len(head).to_bytes(4, "big") + head + (track.data if track else b"")
+        return self.storage.set(self._key(job_id, "audio"), blob, self.ttl)
+
+    def get_audio(self, job_id: str) -> tuple[AudioTrack | None, str | None] | None:
+        """The audio kept by :meth:`put_audio` (track, error); None if none is kept."""
+        blob = self.storage.get(self._key(job_id, "audio"))
+        if not blob or len(blob) < 4:
+            return None
+        size = int.from_bytes(blob[:4], "big")
+        try:
+            head = json.loads(blob[4:4 + size])
+            track = head["track"]
+            return (None if track is None else AudioTrack(
+                blob[4 + size:], str(track["codec"]), bool(track["transcoded"]),
+                bool(track["complete"])), head["error"])
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def drop_parts(self, job_id: str, segments: int) -> None:
+        """Forget an ended job's segments and audio (the result holds them now)."""
+        for index in range(segments):
+            self.storage.set(self._key(job_id, f"segment:{index}"), b"", 1)
+        self.storage.set(self._key(job_id, "audio"), b"", 1)
 
     def get_result(self, job_id: str) -> bytes | None:
         return self.storage.get(self._key(job_id, "result")) if JOB_ID.fullmatch(job_id) else None

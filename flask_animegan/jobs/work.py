@@ -22,7 +22,8 @@ from ..convert.costs import frames_cost
 from ..convert.request import ConvertRequest, Options
 from ..errors import ConversionError, Overloaded
 from ..inputs.decoding import to_rgb
-from ..inputs.media import MediaInfo
+from ..inputs.media import AudioTrack, MediaInfo
+from ..outputs.segments import segment_frames
 from ..outputs.stills import encode
 from .queues import JobQueue
 from .records import JobRecord, JobState, JobStore
@@ -31,8 +32,9 @@ log = logging.getLogger("flask_animegan")
 
 #: Most seconds between two progress reports of a running job (also its heartbeat).
 REPORT_EVERY = 0.5
-#: Runs of one job at most: the first and one after a stalled worker.
-MAX_ATTEMPTS = 2
+#: Runs of a job lost before they finished a segment (or a photo) after which it is run
+#: again: one, so a file that kills its worker costs two runs, not a loop.
+MAX_LOST_RUNS = 1
 #: Long side of a photo job's preview.
 PREVIEW_SIDE = 512
 #: Most seconds between two sweeps of a worker.
@@ -225,12 +227,18 @@ class Jobs:
                     "heartbeat in %d s (ANIMEGAN_JOB_WORKER_TIMEOUT): start `flask animegan "
                     "worker` on the jobs' Redis", waited, self.settings.job_worker_timeout)
 
-    def _run_again(self, record: JobRecord, why: str) -> bool:
-        """Queue the job's next run; False if it has none left, was cancelled, or is refused."""
-        if record.attempts >= MAX_ATTEMPTS or record.cancel_requested:
+    def _run_again(self, record: JobRecord, why: str, *, lost: bool = True) -> bool:
+        """Queue the job's next run, from its first segment not finished; False if it was
+        cancelled, is refused, or had a ``lost`` run (one that finished no segment) before."""
+        lost = lost and record.segments_done <= record.run_from
+        if (lost and record.lost_runs >= MAX_LOST_RUNS) or record.cancel_requested:
             return False
-        log.warning("flask_animegan: job %s %s; queued again", record.id, why)
-        record.state, record.frames_done, record.frames_reused = JobState.QUEUED, 0, 0
+        record.lost_runs += lost
+        log.warning("flask_animegan: job %s %s; queued again%s", record.id, why,
+                    f" from segment {record.segments_done + 1}" if record.segments_done else "")
+        record.state = JobState.QUEUED
+        record.frames_done = record.segments_done * record.segment_frames
+        record.frames_reused = record.segments_reused
         record.tiles_done = 0
         record.eta_s, record.updated_at = None, time.time()
         self.store.update(record)
@@ -289,9 +297,13 @@ class Jobs:
         except JobTaken:
             log.info("flask_animegan: job %s was taken over; this run stops", job_id)
         except WorkerStopping:
-            log.warning("flask_animegan: job %s stopped at frame %d because this process is "
-                        "exiting; the stall rule settles it, as a stopped worker's job",
-                        job_id, record.frames_done)
+            # a deploy, not the job's fault: its finished segments are kept, and the rest
+            # goes to the next worker now, not after the stall time
+            if not (self.queue.shared and self._run_again(
+                    record, f"was handed back at frame {record.frames_done} by a worker "
+                            "that is stopping", lost=False)):
+                log.warning("flask_animegan: job %s stopped at frame %d because this process "
+                            "is exiting; the stall rule settles it", job_id, record.frames_done)
         except JobCancelled:
             self._finish(record, JobState.CANCELLED, None)
         except Overloaded as exc:
@@ -318,12 +330,17 @@ class Jobs:
             raise ConversionError("this is a still photo, not an animation or a video: "
                                   f"send it to POST {self.convert_url}")
         record.frames_total = info.frames
+        record.segment_frames = segment_frames(info)
+        record.run_from = record.segments_done  # where this run resumes
+        first = record.segments_done * record.segment_frames
+        record.frames_done, record.frames_reused = first, record.segments_reused
+        audio = self._audio(record, data, info)
         self._report(record, None)  # the frame count and a heartbeat before the first frame
-        last_report = started
+        last_report, counted = started, first
 
         def progress(done: int, reused: int) -> None:
-            nonlocal last_report
-            record.frames_done, record.frames_reused = done, reused
+            nonlocal last_report, counted
+            record.frames_done, record.frames_reused = done, record.segments_reused + reused
             self._charge_frames(record)
             if self.queue.stopping:
                 raise WorkerStopping
@@ -333,19 +350,76 @@ class Jobs:
                     f"({JOB_SECONDS_PER_FRAME} s a frame of ANIMEGAN_MAX_FRAMES); send a "
                     "shorter or smaller file")
             if time.monotonic() - last_report >= REPORT_EVERY:
-                self._report(record, started)
+                self.queue.frames_converted(done - counted)  # for the scale metrics
+                counted = done
+                self._report(record, started, first)
                 last_report = time.monotonic()
 
-        result = self.converter.media(data, info, request, progress=progress,
-                                      on_busy=self._waiting(record),
-                                      timeout_total=float(self.settings.job_timeout))
+        if record.stopped is None:  # else a run before stored the last segment there is
+            for segment in self.converter.segments(
+                    data, info, request, start=record.segments_done, progress=progress,
+                    on_busy=self._waiting(record),
+                    timeout_total=float(self.settings.job_timeout)):
+                self._check_owner(record)
+                if not (self.store.put_segment(record.id, segment)
+                        and (not segment.preview
+                             or self.store.put_preview(record.id, segment.preview))):
+                    raise ConversionError("the result could not be stored (the job store is "
+                                          "full or unavailable); try again later")
+                record.segments_done, record.stopped = segment.index + 1, segment.stopped
+                record.segments_reused += segment.reused
+                record.frames_done = segment.start + segment.frames
+                self._report(record, started, first)  # kept: a later run starts after it
+        self.queue.frames_converted(record.frames_done - counted)
+        segments = self.store.get_segments(record.id, record.segments_done)
+        if not segments:
+            raise ConversionError("the converted part of this job has expired or the file "
+                                  "holds no frame to convert; send it again")
+        track, error = audio
+        result = self.converter.join(data, info, request, segments, track, audio_error=error)
         self._check_owner(record)
-        if not self.store.put_result(record.id, result.data, result.preview):
+        if not self.store.put_result(record.id, result):
             raise ConversionError("the result could not be stored (the job store is full "
                                   "or unavailable); try again later")
-        record.result_mimetype = result.mimetype
+        record.result_mimetype = self.converter.media_type(info)
         record.frames_total = record.frames_done
-        self._finish(record, JobState.DONE, result.stopped)
+        self._finish(record, JobState.DONE, record.stopped)
+
+    def _audio(self, record: JobRecord, data: bytes,
+               info: MediaInfo) -> tuple[AudioTrack | None, str | None]:
+        """The video's audio as the job's first run read it (kept with the job), so that a
+        resumed job writes the same; read and kept now on the first run."""
+        if info.kind != "video":
+            return None, None
+        kept = self.store.get_audio(record.id)
+        if kept is not None:
+            return kept
+        track, error = self.converter.audio(data, info)
+        if not self.store.put_audio(record.id, track, error):
+            raise ConversionError("the job's audio could not be stored (the job store is "
+                                  "full or unavailable); try again later")
+        return track, error
+
+    def partial(self, record: JobRecord, segments: int) -> tuple[bytes, str] | None:
+        """The first ``segments`` finished segments of a running video joined, with their
+        audio and label (unsigned: a preview, not the result), and its MIME type; None if
+        there are none or they have expired."""
+        count = min(segments, record.segments_done)
+        if record.kind != "video" or record.finished or count < 1:
+            return None
+        parts = self.store.get_segments(record.id, count)
+        audio = self.store.get_audio(record.id)
+        if not parts:
+            return None
+        info = MediaInfo(record.kind, record.format, 0, 0, record.frames_total, 0.0, None,
+                         False, None)
+        request = ConvertRequest(self.converter.engine.style(record.style), record.size, "jpeg",
+                                 Options(colors=record.colors, portrait="off",
+                                         strength=record.strength))
+        track, error = audio if audio is not None else (None, None)
+        data = self.converter.join(b"", info, request, parts, track, audio_error=error,
+                                   signed=False)
+        return data, self.converter.media_type(info)
 
     def _waiting(self, record: JobRecord) -> Callable[[], None]:
         """What a job does while web conversions keep the gate (local queue): stop if the
@@ -436,11 +510,12 @@ class Jobs:
             self.allowance.refund(record.charge_key, unused)
             record.charged -= unused
 
-    def _report(self, record: JobRecord, started: float | None) -> None:
-        """Progress and heartbeat; stops the run when cancelled or taken over."""
+    def _report(self, record: JobRecord, started: float | None, first: int = 0) -> None:
+        """Progress and heartbeat; stops the run when cancelled or taken over. The ETA:
+        this run's time a frame since ``started`` at frame ``first``."""
         self._check_owner(record)
-        if started is not None and record.frames_done:
-            per_frame = (time.monotonic() - started) / record.frames_done
+        if started is not None and record.frames_done > first:
+            per_frame = (time.monotonic() - started) / (record.frames_done - first)
             record.eta_s = round(per_frame * max(record.frames_total - record.frames_done, 0), 1)
         record.updated_at = time.time()
         self.store.update(record)
@@ -460,4 +535,6 @@ class Jobs:
         record.charge_key = []  # the client's key in clear: kept only while the job runs
         self.store.update(record)
         self.store.drop_input(record.id)
+        if record.kind != "photo":
+            self.store.drop_parts(record.id, record.segments_done)
         return record

@@ -13,7 +13,7 @@ import struct
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from typing import IO, TYPE_CHECKING, Protocol
 
@@ -35,10 +35,12 @@ if TYPE_CHECKING:
     from av.video.stream import VideoStream
 
     from ..inputs.media import MediaInfo
+    from .segments import Segment
 
 __all__ = ["AUDIO_OVERRUN_S", "AUDIO_TIMEOUT_S", "MP4_AUDIO_COPIED", "ApngWriter", "FrameWriter",
-           "GifWriter", "Mp4Writer", "WebPWriter", "crf_for", "preview", "sweep_leftovers",
-           "writer_for"]
+           "GifWriter", "Mp4Join", "Mp4Writer", "WebPWriter", "crf_for", "join", "mimetype_for",
+           "preview",
+           "read_track", "sweep_leftovers", "writer_for"]
 
 log = logging.getLogger(__name__)
 
@@ -98,35 +100,66 @@ class FrameWriter(Protocol):
     def close(self) -> None: ...
 
 
-def writer_for(info: MediaInfo, read_audio: Callable[[], AudioTrack | None] | None, *,
-               quality: int, label: ContentLabel | None = None) -> tuple[FrameWriter, str]:
-    """The writer for ``info`` and its MIME type, writing ``label`` into the result;
-    unreadable audio is left out and logged."""
+def read_track(info: MediaInfo, read_audio: Callable[[], AudioTrack | None] | None,
+               ) -> tuple[AudioTrack | None, str | None]:
+    """A video's audio track and, when it cannot be kept, why (logged): unreadable audio
+    is left out, the video converts without it."""
+    if info.kind != "video" or not info.has_audio or read_audio is None:
+        return None, None
+    track, error = None, None
+    try:
+        track = read_audio()
+        if track is None:
+            error = "its audio stream holds no packet that could be read"
+    except ConversionError as exc:
+        error = str(exc)
+    if error:
+        log.warning("the MP4 is written without the source's audio: %s", error)
+    elif track is not None and not track.complete:
+        log.warning("the source's audio had damaged packets: the MP4 is written without them")
+    return track, error
+
+
+_MIMETYPES = {"GIF": "image/gif", "WEBP": "image/webp", "PNG": "image/apng"}
+
+
+def mimetype_for(info: MediaInfo) -> str:
+    """The MIME type of ``info``'s result: an MP4 for a video, else the animation's own."""
     if info.kind == "video":
-        track, error = None, None
-        if info.has_audio and read_audio is not None:
-            try:
-                track = read_audio()
-                if track is None:
-                    error = "its audio stream holds no packet that could be read"
-            except ConversionError as exc:
-                error = str(exc)
-            if error:
-                log.warning("the MP4 is written without the source's audio: %s", error)
-            elif track is not None and not track.complete:
-                log.warning("the source's audio had damaged packets: the MP4 is written "
-                            "without them")
-        return (Mp4Writer(track, fps=info.fps, quality=quality, audio_error=error, label=label),
-                "video/mp4")
+        return "video/mp4"
     if info.kind != "animation":
         raise ValueError(f"no frame writer for a {info.kind}: stills take the photo path")
+    if info.format not in _MIMETYPES:
+        raise ValueError(f"no frame writer for {info.format} animations")
+    return _MIMETYPES[info.format]
+
+
+def writer_for(info: MediaInfo, *, quality: int,
+               label: ContentLabel | None = None) -> tuple[FrameWriter, str]:
+    """The writer of one segment of ``info``'s frames and the result's MIME type: a video's
+    segment is an MP4 of its frames alone (:class:`Mp4Join` adds the audio and ``label``),
+    an animation's is the whole result, with ``label``."""
+    mimetype = mimetype_for(info)
+    if info.kind == "video":
+        return Mp4Writer(fps=info.fps, quality=quality), mimetype
     if info.format == "GIF":
-        return GifWriter(loop=info.loop, label=label), "image/gif"
+        return GifWriter(loop=info.loop, label=label), mimetype
     if info.format == "WEBP":
-        return WebPWriter(loop=info.loop, quality=quality, label=label), "image/webp"
-    if info.format == "PNG":
-        return ApngWriter(loop=info.loop, label=label), "image/apng"
-    raise ValueError(f"no frame writer for {info.format} animations")
+        return WebPWriter(loop=info.loop, quality=quality, label=label), mimetype
+    return ApngWriter(loop=info.loop, label=label), mimetype
+
+
+def join(info: MediaInfo, segments: Sequence[Segment], audio: AudioTrack | None, *,
+         audio_error: str | None = None, label: ContentLabel | None = None) -> bytes:
+    """The result of ``segments`` (in order, from the first): a video's joined into one MP4
+    with ``audio`` and ``label``; an animation's one segment is its whole result."""
+    if not segments:
+        raise ValueError("no segments to join")
+    if info.kind == "video":
+        return Mp4Join(audio, audio_error=audio_error, label=label).join(segments)
+    if len(segments) != 1:
+        raise ValueError(f"an animation is one segment, not {len(segments)}")
+    return segments[0].data
 
 
 def preview(image: Image.Image, quality: int, label: ContentLabel | None = None) -> bytes:
@@ -349,46 +382,23 @@ def _even(image: Image.Image) -> Image.Image:
 
 
 class Mp4Writer:
-    """MP4/H.264 at the source's frame times, with the helper's audio track cut
-    :data:`AUDIO_OVERRUN_S` after the last frame. One libx264 thread: the cores are the model's."""
+    """One segment's MP4/H.264 at its frames' times from 0 s, video only: a segment opens
+    with a keyframe, so segments join packet for packet. One libx264 thread: the cores are
+    the model's."""
 
-    def __init__(self, audio: AudioTrack | None, *, fps: float | None = None, quality: int,
-                 audio_error: str | None = None, label: ContentLabel | None = None) -> None:
+    def __init__(self, *, fps: float | None = None, quality: int) -> None:
         self._crf = crf_for(quality)
-        self._label = label
         self._rate = Fraction(fps).limit_denominator(1001) if fps and fps > 0 else Fraction(25)
-        self._source: InputContainer | None = None
-        self._in_audio: AudioStream | None = None
-        #: what became of the source's audio: "none", "copied", "transcoded" or "dropped"
-        self.audio = "dropped" if audio_error else "none"
-        self.audio_error = audio_error
-        self.audio_codec = audio.codec if audio is not None else ""
-        if audio is not None:
-            try:  # the helper's own M4A: only a bug gets an error here
-                self._source = av.open(io.BytesIO(audio.data), "r")
-                self._in_audio = self._source.streams.audio[0]
-                self.audio = "transcoded" if audio.transcoded else "copied"
-            except (av.error.FFmpegError, IndexError) as exc:
-                self.audio, self.audio_error = "dropped", f"its track could not be read ({exc})"
-                log.warning("the MP4 is written without the source's audio: %s", self.audio_error)
-                self._close_source()
-        # named: faststart (so browsers play it as it downloads) reopens it by name
-        self._file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed by close()
-            prefix=f"{MP4_PREFIX}{os.getpid()}-", suffix=".mp4")
-        self._packets: Iterator[Packet[AudioStream]] | None = None
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         self._out: OutputContainer | None = None
         self._video: VideoStream | None = None
-        self._out_audio: AudioStream | None = None
         self._last_pts = self._next_pts = 0
         # each packet gets its own frame's duration, not libx264's one at the stream's rate
         self._durations: dict[int, int] = {}
-        self._end = 0.0  # the end of the last frame written, in seconds
         self._frames = 0
 
     def _open(self, width: int, height: int) -> None:
-        out = av.open(self._file.name, "w", format="mp4", options={"movflags": "+faststart"})
-        if self._label is not None:
-            out.metadata.update(self._label.tags())
+        out = av.open(self._file, "w", format="mp4")
         video = out.add_stream("libx264", rate=self._rate)
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         context = video.codec_context
@@ -398,19 +408,13 @@ class Mp4Writer:
         context.thread_count = 1
         video.options = {"crf": str(self._crf), "preset": X264_PRESET}
         self._out, self._video = out, video
-        if self._source is not None and self._in_audio is not None:
-            self._out_audio = out.add_stream_from_template(self._in_audio)
-            if self.audio == "transcoded":
-                log.info("the source's %s audio cannot go in an MP4 as it is: transcoded to AAC",
-                         self.audio_codec)
-            self._packets = self._source.demux(self._in_audio)
 
     def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,
             pts: float | None = None) -> None:
         image = _even(image.convert("RGB"))
         if self._out is None:
             self._open(*image.size)
-        assert self._video is not None
+        assert self._video is not None and self._out is not None
         if (image.width, image.height) != (self._video.width, self._video.height):
             raise ValueError(f"frame {self._frames} is {image.size}, the first was "
                              f"{(self._video.width, self._video.height)}")
@@ -424,24 +428,135 @@ class Mp4Writer:
         frame.pts, frame.time_base, frame.duration = ticks, VIDEO_TIME_BASE, duration
         self._last_pts, self._next_pts = ticks, ticks + duration
         self._durations[ticks] = duration
-        self._end = float(self._next_pts * VIDEO_TIME_BASE)
         self._frames += 1
-        self._mux_video(self._video.encode(frame))
+        self._mux(self._video.encode(frame))
 
-    def _mux_video(self, packets: list[Packet[VideoStream]]) -> None:
+    def _mux(self, packets: list[Packet[VideoStream]]) -> None:
         assert self._out is not None
         for packet in packets:
             if packet.pts is not None and packet.pts in self._durations:
                 packet.duration = self._durations.pop(packet.pts)
             self._out.mux(packet)
-            if packet.dts is not None and packet.time_base is not None:
-                self._pump_audio(float(packet.dts * packet.time_base))
 
-    def _pump_audio(self, until: float, limit: float | None = None) -> None:
+    def finish(self) -> bytes:
+        try:
+            if self._out is None or self._video is None:
+                raise ValueError("no frames were added")
+            self._mux(self._video.encode(None))
+            self._out.close()
+            self._out = None
+            self._file.seek(0)
+            return self._file.read()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._out is not None:  # abandoned: whatever the file holds goes with it
+            out, self._out = self._out, None
+            try:
+                out.close()
+            except av.error.FFmpegError:
+                pass
+        self._file.close()
+
+
+class Mp4Join:
+    """Segments' MP4s joined packet for packet into the result (no frame encoded again),
+    each placed at its start time, with the helper's audio track cut
+    :data:`AUDIO_OVERRUN_S` after the last frame and the label."""
+
+    def __init__(self, audio: AudioTrack | None, *, audio_error: str | None = None,
+                 label: ContentLabel | None = None) -> None:
+        self._label = label
+        self._track = audio
+        #: what became of the source's audio: "none", "copied", "transcoded" or "dropped"
+        self.audio = "dropped" if audio_error else "none"
+        self.audio_error = audio_error
+        self.audio_codec = audio.codec if audio is not None else ""
+        self._source: InputContainer | None = None
+        self._in_audio: AudioStream | None = None
+        self._packets: Iterator[Packet[AudioStream]] | None = None
+        self._out_audio: AudioStream | None = None
+
+    def _open_audio(self) -> None:
+        if self._track is None:
+            return
+        try:  # the helper's own M4A: only a bug gets an error here
+            self._source = av.open(io.BytesIO(self._track.data), "r")
+            self._in_audio = self._source.streams.audio[0]
+            self.audio = "transcoded" if self._track.transcoded else "copied"
+        except (av.error.FFmpegError, IndexError) as exc:
+            self.audio, self.audio_error = "dropped", f"its track could not be read ({exc})"
+            log.warning("the MP4 is written without the source's audio: %s", self.audio_error)
+            self._close_source()
+
+    def join(self, segments: Sequence[Segment]) -> bytes:
+        """The MP4 of ``segments`` in order (their frames' times kept, the audio's up to
+        the last one's end); ValueError for none or segments encoded unlike the first."""
+        if not segments:
+            raise ValueError("no segments to join")
+        self._open_audio()
+        # named: faststart (so browsers play it as it downloads) reopens it by name
+        file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below
+            prefix=f"{MP4_PREFIX}{os.getpid()}-", suffix=".mp4")
+        out: OutputContainer | None = None
+        try:
+            out = av.open(file.name, "w", format="mp4", options={"movflags": "+faststart"})
+            if self._label is not None:
+                out.metadata.update(self._label.tags())
+            video: VideoStream | None = None
+            extradata: bytes | None = None
+            last_dts: int | None = None
+            for segment in segments:
+                with av.open(io.BytesIO(segment.data), "r") as source:
+                    stream = source.streams.video[0]
+                    if video is None:
+                        video = out.add_stream_from_template(stream)
+                        extradata = stream.codec_context.extradata
+                        if self._in_audio is not None:
+                            self._out_audio = out.add_stream_from_template(self._in_audio)
+                            self._packets = self._source.demux(  # type: ignore[union-attr]
+                                self._in_audio)
+                    elif stream.codec_context.extradata != extradata:
+                        raise ValueError(f"segment {segment.index} was encoded unlike the "
+                                         "first; it cannot be joined to it")
+                    assert stream.time_base is not None
+                    offset = round(segment.start_s / stream.time_base)
+                    for packet in source.demux(stream):
+                        if packet.dts is None or packet.pts is None:  # the final empty one
+                            continue
+                        packet.pts += offset
+                        packet.dts += offset
+                        if last_dts is not None and packet.dts <= last_dts:
+                            packet.dts = last_dts + 1  # decoding order only goes forward
+                            packet.pts = max(packet.pts, packet.dts)
+                        last_dts = packet.dts
+                        packet.stream = video
+                        out.mux(packet)
+                        self._pump_audio(out, float(packet.dts * stream.time_base))
+            end = segments[-1].end_s
+            self._pump_audio(out, end + AUDIO_OVERRUN_S, limit=end + AUDIO_OVERRUN_S)
+            out.close()
+            out = None
+            file.seek(0)
+            data = file.read()
+            # XMP in a top-level box after the rest: faststart has put the index first
+            return data + mp4_xmp_box(self._label) if self._label is not None else data
+        finally:
+            if out is not None:  # abandoned: whatever the file holds goes with it
+                try:
+                    out.close()
+                except av.error.FFmpegError:
+                    pass
+            self._close_source()
+            file.close()
+
+    def _pump_audio(self, out: OutputContainer, until: float, limit: float | None = None,
+                    ) -> None:
         """Mux audio up to ``until`` seconds; with a ``limit``, the rest up to it, then stop."""
         if self._packets is None:
             return
-        assert self._out is not None and self._out_audio is not None
+        assert self._out_audio is not None
         try:
             for packet in self._packets:
                 if packet.dts is None:  # the demuxer's final empty packet
@@ -451,39 +566,14 @@ class Mp4Writer:
                 if limit is not None and at > limit:
                     break
                 packet.stream = self._out_audio
-                self._out.mux(packet)
+                out.mux(packet)
                 if limit is None and at >= until:
                     return
         except av.error.FFmpegError as exc:  # the helper's M4A: only a bug gets here
             log.warning("the video's audio stopped early: %s", exc)
         self._packets = None
 
-    def finish(self) -> bytes:
-        try:
-            if self._out is None or self._video is None:
-                raise ValueError("no frames were added")
-            self._mux_video(self._video.encode(None))
-            self._pump_audio(self._end + AUDIO_OVERRUN_S, limit=self._end + AUDIO_OVERRUN_S)
-            self._out.close()
-            self._out = None
-            self._file.seek(0)
-            data = self._file.read()
-            # XMP in a top-level box after the rest: faststart has put the index first
-            return data + mp4_xmp_box(self._label) if self._label is not None else data
-        finally:
-            self.close()
-
     def _close_source(self) -> None:
         if self._source is not None:
             source, self._source, self._in_audio = self._source, None, None
             source.close()
-
-    def close(self) -> None:
-        if self._out is not None:  # abandoned: whatever the file holds goes with it
-            out, self._out = self._out, None
-            try:
-                out.close()
-            except av.error.FFmpegError:
-                pass
-        self._close_source()
-        self._file.close()
