@@ -57,6 +57,10 @@ BT709 = 1  # AVCOL_PRI_BT709, AVCOL_TRC_BT709
 LIMITED_RANGE = 1  # AVCOL_RANGE_MPEG
 #: libx264's speed/size trade-off; its lookahead bounds the encoder's memory.
 X264_PRESET = "faster"
+#: No B-frames: with them libx264's output for the same frames varied from run to run in
+#: one process (a resumed job would not match an uninterrupted one), and segments would
+#: start decoding before their first frame. The cost in size: docs/benchmark.md.
+X264_PARAMS = "bframes=0"
 
 
 #: How an MP4 being written is named in the temp folder: the writer's pid follows it.
@@ -406,7 +410,8 @@ class Mp4Writer:
         context.colorspace, context.color_range = MATRIX, LIMITED_RANGE
         context.color_primaries = context.color_trc = BT709
         context.thread_count = 1
-        video.options = {"crf": str(self._crf), "preset": X264_PRESET}
+        video.options = {"crf": str(self._crf), "preset": X264_PRESET,
+                         "x264-params": X264_PARAMS}
         self._out, self._video = out, video
 
     def add(self, image: Image.Image, duration_ms: int, disposal: int | None, *,

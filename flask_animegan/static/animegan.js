@@ -200,6 +200,77 @@
     if (!root.closest("[hidden]")) initCompare(root);
   });
 
+  // A running video job's part converted so far (partial_url: its finished segments
+  // joined): played as soon as there is one, and swapped for a longer one when it runs
+  // out, from where it was. update(job) after each poll; true once the part has played out.
+  function partialPlayer(video) {
+    var shown = 0;  // segments in the video's src
+    var newest = null;  // the last job seen with more of them
+    function load(job) {
+      var at = video.currentTime || 0;
+      shown = job.segments_done;
+      newest = null;
+      video.hidden = video.parentNode.hidden = false;
+      video.addEventListener("loadedmetadata", function seek() {
+        video.removeEventListener("loadedmetadata", seek);
+        if (at) video.currentTime = Math.min(at, video.duration || at);
+        var playing = video.play();
+        if (playing && playing.catch) playing.catch(function () { /* the controls play it */ });
+      });
+      video.src = job.partial_url;
+    }
+    video.addEventListener("ended", function () { if (newest) load(newest); });
+    if (video.dataset.segments) shown = Number(video.dataset.segments);
+    return {
+      update: function (job) {
+        if (!job.partial_url || job.segments_done <= shown) return;
+        newest = job;
+        if (!shown || video.ended) load(job);
+      },
+      idle: function () { return !shown || video.ended || video.paused; },
+      reset: function () {
+        shown = 0;
+        newest = null;
+        video.removeAttribute("src");
+        video.load();
+        video.hidden = video.parentNode.hidden = true;
+      }
+    };
+  }
+
+  // The job's own page: while a part plays, poll here instead of refreshing (a refresh
+  // would restart it), and reload for the result once the part has played out.
+  var jobSection = document.getElementById("animegan-job");
+  var partialVideo = document.getElementById("animegan-job-partial");
+  if (jobSection && partialVideo && window.fetch) {
+    var pagePlayer = partialPlayer(partialVideo);
+    var pageBar = document.getElementById("animegan-job-bar");
+    var pageStatus = document.getElementById("animegan-job-status");
+    var ended = false;
+    var pollPage = function () {
+      fetch(jobSection.dataset.jobUrl, { credentials: "same-origin",
+                                         headers: { Accept: "application/json" } })
+        .then(function (response) { return response.json(); })
+        .then(function (job) {
+          pageBar.max = Math.max(1, job.frames_total);
+          pageBar.value = job.state === "done" ? pageBar.max : job.frames_done;
+          pageStatus.textContent = job.state === "running" ?
+            job.frames_done + " of " + job.frames_total + " frames" +
+            (job.eta_s !== null ? ", about " + Math.round(job.eta_s) + " s left" : "") + "." :
+            pageStatus.textContent;
+          pagePlayer.update(job);
+          ended = job.state !== "queued" && job.state !== "running";
+        })
+        .catch(function () { /* the next poll tries again */ })
+        .then(function () {
+          if (ended && pagePlayer.idle()) window.location.reload();
+          else setTimeout(pollPage, 2000);
+        });
+    };
+    partialVideo.addEventListener("ended", function () { if (ended) window.location.reload(); });
+    setTimeout(pollPage, 2000);
+  }
+
   var form = document.getElementById("animegan-form");
   if (!form || !window.fetch || !window.FormData) return;
   document.documentElement.classList.add("animegan-js");
@@ -489,8 +560,12 @@
     return (job.state === "cancelled" ? "Cancelled after " : "Stopped after ") + frames + ".";
   }
 
+  var jobPartial = document.getElementById("animegan-job-partial");
+  var panelPlayer = jobPartial ? partialPlayer(jobPartial) : null;
+
   function showJob(job) {
     jobPanel.hidden = false;
+    if (panelPlayer && job.state !== "done") panelPlayer.update(job);
     var photoJob = job.kind === "photo";
     jobBar.max = Math.max(1, photoJob ? job.tiles_total : job.frames_total);
     jobBar.value = job.state === "done" ? jobBar.max : (photoJob ? job.tiles_done : job.frames_done);
@@ -503,6 +578,7 @@
   }
 
   function showJobResult(job) {
+    if (panelPlayer) panelPlayer.reset();  // the whole result takes its place
     var image = document.getElementById("animegan-job-image");
     var video = document.getElementById("animegan-job-video");
     var shown = job.kind === "video" ? video : image;
@@ -525,6 +601,7 @@
 
   function resetJob() {
     jobUrl = null;
+    if (panelPlayer) panelPlayer.reset();
     jobPanel.hidden = true;
     jobPanel.querySelector(".animegan-job-result").hidden = true;
     document.getElementById("animegan-job-download").hidden = true;

@@ -12,9 +12,11 @@ from flask import (
     abort,
     jsonify,
     make_response,
+    redirect,
     request,
     url_for,
 )
+from werkzeug.wrappers import Response as ResponseBase
 
 from ..errors import ConversionError
 from ..jobs.records import JobRecord, JobState
@@ -79,8 +81,21 @@ def describe(record: JobRecord) -> dict[str, Any]:
         "download_url": (url_for(".job_result", job_id=record.id, download=1)
                          if finished else None),
         "preview_url": url_for(".job_preview", job_id=record.id) if finished else None,
+        # a video converts in segments of a few seconds, kept as they finish: the part
+        # converted so far plays at partial_url while the rest converts
+        "segments_done": record.segments_done,
+        "segments_total": (-(-record.frames_total // record.segment_frames)
+                           if record.segment_frames else None),
+        "partial_url": (url_for(".job_partial", job_id=record.id,
+                                segments=record.segments_done)
+                        if _watchable(record) else None),
         "result_mimetype": record.result_mimetype if finished else None,
     }
+
+
+def _watchable(record: JobRecord) -> bool:
+    """Whether a running job has a part to watch: a video with a segment finished."""
+    return record.kind == "video" and not record.finished and record.segments_done > 0
 
 
 def _jobs() -> Jobs:
@@ -179,16 +194,38 @@ def job_preview(job_id: str) -> Response:
     return views.file_response(data, "image/jpeg")
 
 
+@blueprint.get("/jobs/<job_id>/partial")
+def job_partial(job_id: str) -> ResponseBase:
+    """The part of a running video converted so far: its first ``segments`` segments (all
+    finished ones if not given) joined, with their audio; 303 to the result once done."""
+    record = _record(job_id)
+    if record.state == JobState.DONE:
+        return redirect(url_for(".job_result", job_id=job_id), 303)
+    wanted = request.args.get("segments", type=int) or record.segments_done
+    found = _jobs().partial(record, wanted) if wanted > 0 else None
+    if found is None:
+        raise JobNotReady("no part of this job is converted yet: poll its URL until it has "
+                          "a partial_url" if not record.finished
+                          else f"the job has ended ({record.state.value}); nothing plays")
+    data, mimetype = found
+    response = views.file_response(data, mimetype)
+    # what ?segments=N holds never changes: seekable, and kept by the browser
+    return response.make_conditional(request, accept_ranges=True, complete_length=len(data))
+
+
 @blueprint.get("/jobs/<job_id>/page")
 def job_page(job_id: str) -> Response:
     """The job's progress, refreshing itself until it ends, then its result."""
     record = _record(job_id)
+    watching = _watchable(record)
     response = make_response(views.render_page("animegan/job.html", views.page_context(
         job=describe(record), refresh=None if record.finished else PAGE_REFRESH_S,
+        watching=watching,
         download_name=_download_name(record) if record.state == JobState.DONE else None,
         error=None, job_error=views.sentence(record.error) if record.error else None)))
     response.headers["Cache-Control"] = views.RESULT_CACHE_CONTROL
-    if not record.finished:
-        # besides the meta refresh, which a site's layout might drop
+    if not record.finished and not watching:
+        # besides the meta refresh, which a site's layout might drop; not while a part
+        # plays: the page's script polls then, and a refresh would restart the video
         response.headers["Refresh"] = str(PAGE_REFRESH_S)
     return response

@@ -51,7 +51,8 @@ from .limits import conversion_cost, deducts
 
 #: The job API's endpoints, all JSON (its page, ``job_page``, is HTML).
 JOB_API_ENDPOINTS = frozenset({"animegan.create_job", "animegan.job", "animegan.cancel_job",
-                               "animegan.job_result", "animegan.job_preview"})
+                               "animegan.job_result", "animegan.job_preview",
+                               "animegan.job_partial"})
 #: Endpoints that answer JSON (errors included); the others render pages.
 API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.healthz",
                            "animegan.style_sample", "animegan.metrics",
