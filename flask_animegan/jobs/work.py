@@ -323,6 +323,7 @@ class Jobs:
 
         def progress(done: int, reused: int) -> None:
             nonlocal last_report
+            self.queue.frames_converted(done - record.frames_done)  # frames for the scale metrics
             record.frames_done, record.frames_reused = done, reused
             self._charge_frames(record)
             if self.queue.stopping:
