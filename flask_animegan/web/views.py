@@ -279,6 +279,7 @@ def page_context(layout: str | Template | None = None, **extra: Any) -> SimpleNa
         default_format=settings.output_format,
         colors=COLOR_CHOICES,
         portraits=PORTRAIT_CHOICES,
+        accept=uploads.PICKER_ACCEPT,
         max_upload_bytes=settings.max_upload_bytes,
         max_upload_text=_size(settings.max_upload_bytes),
         sample_size=settings.sample_size,
