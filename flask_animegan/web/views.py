@@ -58,7 +58,6 @@ API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.heal
                            "animegan.openapi"}) | JOB_API_ENDPOINTS
 #: The POST routes that spend CPU on a conversion; they share the rate limit.
 LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert", "animegan.create_job"})
-_RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
 #: Output sizes the form may offer, up to ANIMEGAN_MAX_OUTPUT_SIDE.
 FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 #: Most seconds a refused conversion's upload is read before its 503 (_drop_body).
