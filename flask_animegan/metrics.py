@@ -4,7 +4,7 @@ sums gunicorn's workers; without it each app has its own registry, so apps never
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # size classes for the latency label: a label per size would let clients add series
@@ -61,18 +61,12 @@ class Metrics:
             "animegan_model_load_seconds", "Seconds the last load of a style's weights took.",
             ["style"], registry=registry, multiprocess_mode="max")
 
-        self.job_workers = Gauge(
-            "animegan_job_workers", "Job workers that beat within ANIMEGAN_JOB_WORKER_TIMEOUT.",
-            registry=registry, multiprocess_mode="mostrecent")
-        self.job_oldest_queued_seconds = Gauge(
-            "animegan_job_oldest_queued_seconds",
-            "Seconds the oldest queued job has waited for a worker (0: none waits).",
-            registry=registry, multiprocess_mode="mostrecent")
-        self._jobs_status: Callable[[], dict[str, Any]] | None = None
+        self._jobs: JobQueueCollector | None = None
 
     def watch_jobs(self, status: Callable[[], dict[str, Any]]) -> None:
-        """Read the job queue's status (``workers``, ``oldest_queued_s``) at each scrape."""
-        self._jobs_status = status
+        """Read the job queue's status (:meth:`JobQueue.status`) at each scrape."""
+        self._jobs = JobQueueCollector(status)
+        self.registry.register(self._jobs)
 
     def queue_changed(self, in_flight: int, queued: int) -> None:
         self.in_flight.set(in_flight)
@@ -100,15 +94,54 @@ class Metrics:
         """The text format of every value (summed over worker processes if multiprocess)."""
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-        if self._jobs_status is not None:
-            jobs = self._jobs_status()
-            if jobs.get("ok"):
-                self.job_workers.set(jobs["workers"])
-                self.job_oldest_queued_seconds.set(jobs.get("oldest_queued_s") or 0)
         registry = self.registry
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir"):
             from prometheus_client import multiprocess
 
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
+            if self._jobs is not None:  # read from the queue, not summed over processes
+                registry.register(self._jobs)
         return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class JobQueueCollector:
+    """The job queue's gauges, read from its ``status()`` at each scrape (so a web process
+    reports what workers on other machines do), labelled by the queue's name."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        status = self._status()
+        name = str(status.get("name") or status.get("kind") or "jobs")
+        up = GaugeMetricFamily("animegan_job_queue_up",
+                               "1 when the job queue answered this scrape, else 0.",
+                               labels=["queue"])
+        up.add_metric([name], 1 if status.get("ok") else 0)
+        yield up
+        if not status.get("ok"):
+            return  # no stale values: the series are absent while the queue is unreachable
+        gauges = (
+            ("animegan_job_queued", "Jobs waiting for a worker.", status["queued"]),
+            ("animegan_job_oldest_queued_seconds",
+             "Seconds the oldest queued job has waited for a worker (0: none waits).",
+             status.get("oldest_queued_s") or 0),
+            ("animegan_job_running", "Jobs a worker is converting now.", status["running"]),
+            ("animegan_job_workers",
+             "Job workers that beat within ANIMEGAN_JOB_WORKER_TIMEOUT.", status["workers"]),
+            ("animegan_job_frames_per_second",
+             "Frames the queue's workers converted per second over the last minute.",
+             status.get("frames_per_second", 0)),
+        )
+        for metric, documentation, value in gauges:
+            family = GaugeMetricFamily(metric, documentation, labels=["queue"])
+            family.add_metric([name], float(value))
+            yield family
+        frames = CounterMetricFamily("animegan_job_frames",
+                                     "Frames converted by the queue's workers.",
+                                     labels=["queue"])
+        frames.add_metric([name], float(status.get("frames_total", 0)))
+        yield frames

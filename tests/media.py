@@ -133,6 +133,7 @@ CONTAINERS: dict[str, tuple[str, str, str | None]] = {
     "mp4": ("mp4", "libx264", "aac"),
     "mov": ("mov", "libx264", "aac"),
     "webm": ("webm", "libvpx", "libopus"),
+    "mkv": ("matroska", "libx264", "aac"),
     # containers that are not read (415): silent clips only
     "avi": ("avi", "mpeg4", None),
     "mpeg": ("mpeg", "mpeg2video", None),

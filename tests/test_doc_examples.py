@@ -12,6 +12,7 @@ fails the test instead of saving a JSON error as an image.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -24,6 +25,7 @@ from servers import Server
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
+YAML_BLOCK = re.compile(r"^```ya?ml\n(.*?)^```", re.MULTILINE | re.DOTALL)
 WHY_NOT_RUN = ("needs internet", "needs official weights", "takes minutes", "takes an hour",
                "sets up")
 DOCUMENTED_ADDRESS = "http://127.0.0.1:8000"
@@ -59,6 +61,31 @@ def test_examples_with_official_weights_say_so_and_fail_with_body() -> None:
                     assert "--fail-with-body" in call, (page.name, call)
 
 
+def test_every_yaml_example_parses_and_the_scalers_read_the_job_queue() -> None:
+    """The KEDA examples: valid YAML, on RQ's list of the queue and on metrics we serve."""
+    import redis
+    import yaml
+    from rq import Queue
+
+    from flask_animegan.jobs.queues import QUEUE_NAME
+
+    documents = [document for page in PAGES
+                 for block in YAML_BLOCK.findall(page.read_text(encoding="utf-8"))
+                 for document in yaml.safe_load_all(block)]
+    scaled = [d for d in documents if isinstance(d, dict) and d.get("kind") == "ScaledObject"]
+    assert scaled, "no KEDA ScaledObject in the docs"
+    triggers = [t for d in documents for t in (d.get("spec", d).get("triggers") or [])]
+    lists = [t["metadata"] for t in triggers if t["type"] == "redis"]
+    # RQ's own name of the list of waiting jobs, not a guess (no Redis is reached)
+    assert [m["listName"] for m in lists] == [Queue(QUEUE_NAME, connection=redis.Redis()).key]
+    assert all(int(m["listLength"]) >= 1 for m in lists)
+    queries = [t["metadata"]["query"] for t in triggers if t["type"] == "prometheus"]
+    served = set(re.findall(r'"(animegan_job_[a-z_]+)"', (REPO / "flask_animegan" /
+                                                           "metrics.py").read_text()))
+    assert queries and all(set(re.findall(r"animegan_job_[a-z_]+", q)) <= served
+                           for q in queries), (queries, served)
+
+
 @pytest.mark.server
 def test_the_runnable_examples_work_against_the_real_gunicorn(tmp_path: Path) -> None:
     server = Server({"ANIMEGAN_METRICS": "1", "ANIMEGAN_RATE_LIMIT": "100 per minute",
@@ -92,3 +119,6 @@ def test_the_runnable_examples_work_against_the_real_gunicorn(tmp_path: Path) ->
     assert max(open_image((work / "anime.png").read_bytes()).size) == 384
     assert (work / "toon_demo.ts").stat().st_size > 1_000_000
     assert (work / "sample.jpg").exists()
+    # the raw MP4 body, with its type, was taken as a job
+    video_job = json.loads((work / "video-job.json").read_text())
+    assert video_job["kind"] == "video" and video_job["frames_total"] == 12, video_job

@@ -20,7 +20,7 @@ from media import gif_from_photos
 from test_jobs_api import post_job
 from test_metrics import scrape, value
 
-from flask_animegan.jobs.queues import ENTRY_POINT, RQQueue
+from flask_animegan.jobs.queues import ENTRY_POINT, QUEUE_NAME, RQQueue
 from flask_animegan.jobs.records import JobRecord, JobState
 from flask_animegan.jobs.work import NO_WORKER
 
@@ -58,8 +58,8 @@ def test_without_redis_the_jobs_thread_is_the_live_worker(make_app):
     assert jobs["kind"] == "local" and jobs["workers"] == 1 and jobs["no_worker"] is False
     assert jobs["oldest_queued_s"] is None and jobs["worker_timeout_s"] == 3
     samples = scrape(client.get("/animegan/metrics").get_data(as_text=True))
-    assert value(samples, "animegan_job_workers") == 1
-    assert value(samples, "animegan_job_oldest_queued_seconds") == 0
+    assert value(samples, "animegan_job_workers", queue="local") == 1
+    assert value(samples, "animegan_job_oldest_queued_seconds", queue="local") == 0
 
     posted = post_job(client, gif_from_photos(4), size="64")
     assert posted.status_code == 202
@@ -201,8 +201,8 @@ def test_with_no_worker_a_job_says_so_then_a_started_worker_does_it(
         assert any("no worker" in problem for problem in health["problems"]), health
         assert len(warnings) == 1, [r.getMessage() for r in warnings]
         samples = scrape(client.get("/animegan/metrics").get_data(as_text=True))
-        assert value(samples, "animegan_job_workers") == 0
-        assert value(samples, "animegan_job_oldest_queued_seconds") >= TIMEOUT
+        assert value(samples, "animegan_job_workers", queue=QUEUE_NAME) == 0
+        assert value(samples, "animegan_job_oldest_queued_seconds", queue=QUEUE_NAME) >= TIMEOUT
         print(f"the job said 'no worker' {noticed:.1f} s after it was sent "
               f"(ANIMEGAN_JOB_WORKER_TIMEOUT={TIMEOUT})")
 
@@ -216,8 +216,8 @@ def test_with_no_worker_a_job_says_so_then_a_started_worker_does_it(
         health = client.get("/animegan/healthz").get_json()
         assert health["status"] == "ok" and health["jobs"]["workers"] == 1, health
         samples = scrape(client.get("/animegan/metrics").get_data(as_text=True))
-        assert value(samples, "animegan_job_workers") == 1
-        assert value(samples, "animegan_job_oldest_queued_seconds") == 0
+        assert value(samples, "animegan_job_workers", queue=QUEUE_NAME) == 1
+        assert value(samples, "animegan_job_oldest_queued_seconds", queue=QUEUE_NAME) == 0
         print(f"a worker started then did it in {time.monotonic() - started:.1f} s "
               "(its start, model load and warm-up included)")
     finally:

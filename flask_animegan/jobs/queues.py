@@ -28,6 +28,10 @@ log = logging.getLogger("flask_animegan")
 #: What RQ imports and calls in the worker, with the job's id.
 ENTRY_POINT = "flask_animegan.jobs.work.run_job"
 QUEUE_NAME = "animegan"
+#: Frames converted are counted in buckets of this many seconds, kept a few minutes.
+FRAME_BUCKET_S = 10
+#: The window frames per second are averaged over.
+FRAME_RATE_WINDOW_S = 60
 #: Seconds to retry after when the queue is full or Redis is unreachable.
 FULL_RETRY_AFTER = 30
 
@@ -76,9 +80,6 @@ class JobQueue(ABC):
     def stopping(self) -> bool:
         """Whether this process is exiting: a job running here stops at its next frame."""
         return False
-
-    def frames_converted(self, count: int) -> None:
-        """Count ``count`` frames a job converted here (the scale metrics' rate)."""
 
     def sweep_with(self, sweep: Callable[[], object], every: float) -> None:
         """Set what the workers run every ``every`` seconds beside their jobs."""
@@ -135,9 +136,15 @@ class JobQueue(ABC):
         """Seconds the oldest waiting job has waited (None: none waits)."""
 
     @abstractmethod
+    def frames_converted(self, count: int) -> None:
+        """Count ``count`` frames converted by a worker of this queue (for the metrics);
+        never raises."""
+
+    @abstractmethod
     def status(self) -> dict[str, Any]:
-        """The queue for /healthz: ``kind``, ``ok``, ``queued``, ``max_queue``, ``workers``
-        (live ones), ``oldest_queued_s``, ..."""
+        """The queue for /healthz and /metrics: ``kind``, ``name``, ``ok``, ``queued``,
+        ``max_queue``, ``running``, ``workers`` (live ones), ``oldest_queued_s``,
+        ``frames_total``, ``frames_per_second``."""
 
 
 class LocalQueue(JobQueue):
@@ -155,6 +162,7 @@ class LocalQueue(JobQueue):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.running: str | None = None
+        self._frames = _FrameBuckets()
 
     def enqueue(self, job_id: str, attempt: int = 0) -> None:
         self._start()
@@ -177,10 +185,16 @@ class LocalQueue(JobQueue):
             oldest = self._waiting.queue[0][1] if self._waiting.queue else None
         return None if oldest is None else time.monotonic() - oldest
 
+    def frames_converted(self, count: int) -> None:
+        self._frames.add(count, time.time())
+
     def status(self) -> dict[str, Any]:
-        return {"kind": self.kind, "ok": True, "queued": self.queued_count(),
-                "max_queue": self.max_queue, "running": 1 if self.running else 0,
-                "workers": 1, "oldest_queued_s": _rounded(self.oldest_wait())}
+        total, per_second = self._frames.read(time.time())
+        return {"kind": self.kind, "name": self.kind, "ok": True,
+                "queued": self.queued_count(), "max_queue": self.max_queue,
+                "running": 1 if self.running else 0, "workers": 1,
+                "oldest_queued_s": _rounded(self.oldest_wait()), "frames_total": total,
+                "frames_per_second": per_second}
 
     @property
     def stopping(self) -> bool:
@@ -237,6 +251,7 @@ class RQQueue(JobQueue):
         self.ttl = ttl
         self.worker_timeout, self.beat = worker_timeout, beat
         self._worker: SimpleWorker | None = None  # this process's, while it works
+        self._frames_failing = False  # logged once per outage, not once per frame
         # the storage's client: short waits, so an outage answers 503 at once
         self.connection = redis_storage.client(uri)
         self.queue = Queue(name, connection=self.connection)
@@ -321,19 +336,56 @@ class RQQueue(JobQueue):
                 return max(0.0, time.time() - enqueued.timestamp())
         return None
 
+    @property
+    def _frames_key(self) -> str:
+        return f"animegan:frames:{self.name}"
+
+    def frames_converted(self, count: int) -> None:
+        import redis
+
+        if count <= 0:
+            return
+        bucket = f"{self._frames_key}:{int(time.time()) // FRAME_BUCKET_S}"
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                pipe.incrby(self._frames_key, count)
+                pipe.incrby(bucket, count)
+                pipe.expire(bucket, 3 * FRAME_RATE_WINDOW_S)
+                pipe.execute()
+        except (redis.RedisError, OSError) as exc:
+            if not self._frames_failing:
+                log.warning("flask_animegan: frames converted could not be counted in Redis "
+                            "(%s); the metrics miss them until it answers", type(exc).__name__)
+            self._frames_failing = True
+        else:
+            self._frames_failing = False
+
+    def _frame_counts(self) -> tuple[int, float]:
+        """The frames converted by every worker of the queue, and per second lately."""
+        now = time.time()
+        first = int(now) // FRAME_BUCKET_S - FRAME_RATE_WINDOW_S // FRAME_BUCKET_S + 1
+        buckets = [f"{self._frames_key}:{n}" for n in range(first, first + FRAME_RATE_WINDOW_S
+                                                              // FRAME_BUCKET_S)]
+        total, *counts = self.connection.mget([self._frames_key, *buckets])
+        recent = sum(int(count) for count in counts if count is not None)
+        return int(total or 0), _per_second(recent, now - first * FRAME_BUCKET_S)
+
     def status(self) -> dict[str, Any]:
         import redis
 
         try:
-            return {"kind": self.kind, "ok": True, "queued": self.queued_count(),
-                    "max_queue": self.max_queue, "workers": self.live_workers(),
+            total, per_second = self._frame_counts()
+            return {"kind": self.kind, "name": self.name, "ok": True,
+                    "queued": self.queued_count(), "max_queue": self.max_queue,
+                    "workers": self.live_workers(),
                     # no cleanup here: it would fail abandoned runs without our handler
                     "running": self.queue.started_job_registry.get_job_count(cleanup=False),
-                    "oldest_queued_s": _rounded(self.oldest_wait())}
+                    "oldest_queued_s": _rounded(self.oldest_wait()), "frames_total": total,
+                    "frames_per_second": per_second}
         except (redis.RedisError, OSError, StorageUnavailable) as exc:
             cause = exc.__cause__ or exc  # the Redis error behind a StorageUnavailable
-            return {"kind": self.kind, "ok": False, "error": type(cause).__name__,
-                    "max_queue": self.max_queue}
+            return {"kind": self.kind, "name": self.name, "ok": False,
+                    "error": type(cause).__name__, "max_queue": self.max_queue}
 
     def make_worker(self, name: str | None = None) -> SimpleWorker:
         """An RQ worker on this queue whose runs expire in RQ's registry when not beaten
@@ -467,6 +519,39 @@ class RQQueue(JobQueue):
 
 def _rounded(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, 1)
+
+
+def _per_second(frames: int, seconds: float) -> float:
+    return round(frames / seconds, 2) if seconds > 0 else 0.0
+
+
+class _FrameBuckets:
+    """The local queue's count of frames converted: a total, and per-bucket counts of the
+    last window (as RQQueue keeps them in Redis)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.total = 0
+        self._buckets: dict[int, int] = {}
+
+    def add(self, count: int, now: float) -> None:
+        if count <= 0:
+            return
+        bucket = int(now) // FRAME_BUCKET_S
+        with self._lock:
+            self.total += count
+            self._buckets[bucket] = self._buckets.get(bucket, 0) + count
+            for old in [b for b in self._buckets if b < bucket - FRAME_RATE_WINDOW_S
+                        // FRAME_BUCKET_S]:
+                del self._buckets[old]
+
+    def read(self, now: float) -> tuple[int, float]:
+        """The total, and the frames per second over the window's buckets to now."""
+        first = int(now) // FRAME_BUCKET_S - FRAME_RATE_WINDOW_S // FRAME_BUCKET_S + 1
+        with self._lock:
+            recent = sum(n for bucket, n in self._buckets.items() if bucket >= first)
+            total = self.total
+        return total, _per_second(recent, now - first * FRAME_BUCKET_S)
 
 
 def open_queue(settings: Settings, uri: str, runner: Callable[[str], None]) -> JobQueue:

@@ -16,6 +16,7 @@ from ..convert.request import PORTRAIT_MODES
 from ..convert.strength import FULL
 from ..service import get_service
 from .blueprint import blueprint
+from .uploads import UPLOAD_TYPES
 
 _ERROR = {"$ref": "#/components/responses/Error"}
 _BUSY = {"$ref": "#/components/responses/Busy"}
@@ -94,9 +95,10 @@ def _upload_body(form_fields: bool = True) -> dict[str, Any]:
     if form_fields:
         for name in ("style", "size", "format", "colors", "portrait", "strength"):
             multipart["properties"][name] = {"type": "string"}
+    # the raw body: any of the page's types (the content decides what it is), or none
     return {"required": True, "content": {
         "multipart/form-data": {"schema": multipart},
-        "application/octet-stream": _BINARY, "image/jpeg": _BINARY, "image/png": _BINARY,
+        "application/octet-stream": _BINARY, **{mime: _BINARY for mime in UPLOAD_TYPES},
     }}
 
 
@@ -148,7 +150,8 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
             "summary": "Convert a photo; answers the picture", "tags": ["api"],
             "description": "The photo as multipart/form-data (field `image`, parameters in "
                            "the form or the query) or as the raw body (parameters in the "
-                           "query). An animation or a video is a 415 with `jobs_url`; a photo "
+                           "query), with its own Content-Type or application/octet-stream. "
+                           "An animation or a video is a 415 with `jobs_url`; a photo "
                            "that runs in tiles (a size above ANIMEGAN_MAX_SIDE and 512) is a "
                            "job: 202 with the job, as POST /jobs answers.",
             "parameters": conversion, "requestBody": _upload_body(form_fields=False),
@@ -192,6 +195,12 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
         ("animegan.create_job", "post"): {
             "summary": "Convert an animation, a video or a photo that runs in tiles as a "
                        "background job", "tags": ["jobs"],
+            "description": "The file as multipart/form-data (field `image`, parameters in "
+                           "the form or the query) or as the raw body with its own "
+                           "Content-Type (`video/mp4`, `image/gif`, ...) or "
+                           "`application/octet-stream` (parameters in the query); any other "
+                           "type is a 415. A still photo that does not run in tiles is a 415 "
+                           "with `convert_url`.",
             "parameters": conversion,
             "requestBody": _upload_body(form_fields=False),
             "responses": {**_job("Queued", "202", headers={

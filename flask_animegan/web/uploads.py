@@ -24,7 +24,25 @@ from .clients import CONVERSIONS_SCOPE, client_key
 from .limits import charge, charge_pixels, largest_charge, pixel_cost
 
 log = logging.getLogger("flask_animegan")
+#: The files the page's picker offers and the OpenAPI document lists for /convert and
+#: /jobs alike: photos, animations and videos. The content decides the format and the
+#: route (a moving file to /convert is told to use /jobs, a still sent to /jobs the reverse).
+UPLOAD_TYPES = ("image/jpeg", "image/png", "image/apng", "image/webp", "image/gif",
+                "image/bmp", "image/tiff", "video/mp4", "video/webm", "video/quicktime",
+                "video/x-matroska")
+#: What the picker offers by name too: browsers give some videos no type or another one.
+VIDEO_EXTENSIONS = (".mp4", ".webm", ".mov", ".mkv")
+#: The picker's ``accept`` attribute.
+PICKER_ACCEPT = ",".join(UPLOAD_TYPES + VIDEO_EXTENSIONS)
+#: Raw bodies whose type names no format (curl's ``--data-binary`` sends the last one).
 _RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
+
+
+def raw_body_accepted(mimetype: str) -> bool:
+    """The one rule for a raw body's Content-Type, on /convert and /jobs: a type that
+    names no format, or any image or video type (:data:`UPLOAD_TYPES` and the ones a
+    client may spell otherwise); the content is read to tell what it is."""
+    return mimetype in _RAW_BODY_TYPES or mimetype.startswith(("image/", "video/"))
 
 
 class SendElsewhere(UnsupportedImage):
@@ -88,10 +106,11 @@ def _read_body() -> tuple[bytes, Any]:
         if upload is None:
             raise BadImage("no image: send the photo in the multipart field 'image'")
         return upload.read(), request.values
-    if (request.mimetype not in _RAW_BODY_TYPES
-            and not request.mimetype.startswith(("image/", "video/"))):
-        raise UnsupportedImage(f"Content-Type {request.mimetype} is not an image or a video; "
-                               "send multipart/form-data with field 'image' or the raw file")
+    if not raw_body_accepted(request.mimetype):
+        raise UnsupportedImage(
+            f"Content-Type {request.mimetype} is not an image or a video: send the raw file "
+            f"with its own type ({', '.join(UPLOAD_TYPES)}) or application/octet-stream, or "
+            "multipart/form-data with the file in field 'image'")
     data = request.get_data(cache=False)
     if len(data) > get_service().settings.max_upload_bytes:  # a chunked body past the limit
         raise RequestEntityTooLarge()

@@ -59,7 +59,6 @@ API_ENDPOINTS = frozenset({"animegan.convert", "animegan.styles", "animegan.heal
                            "animegan.openapi"}) | JOB_API_ENDPOINTS
 #: The POST routes that spend CPU on a conversion; they share the rate limit.
 LIMITED_ENDPOINTS = frozenset({"animegan.upload", "animegan.convert", "animegan.create_job"})
-_RAW_BODY_TYPES = ("", "application/octet-stream", "application/x-www-form-urlencoded")
 #: Output sizes the form may offer, up to ANIMEGAN_MAX_OUTPUT_SIDE.
 FORM_SIZES = (256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 #: Most seconds a refused conversion's upload is read before its 503 (_drop_body).
@@ -280,6 +279,7 @@ def page_context(layout: str | Template | None = None, **extra: Any) -> SimpleNa
         default_format=settings.output_format,
         colors=COLOR_CHOICES,
         portraits=PORTRAIT_CHOICES,
+        accept=uploads.PICKER_ACCEPT,
         max_upload_bytes=settings.max_upload_bytes,
         max_upload_text=_size(settings.max_upload_bytes),
         sample_size=settings.sample_size,
