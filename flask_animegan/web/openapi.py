@@ -222,6 +222,22 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
             "parameters": [job_id],
             "responses": {"200": {"description": "A JPEG", "content": _JPEG},
                           "404": _ERROR, "409": _ERROR, "503": _BUSY}},
+        ("animegan.job_partial", "get"): {
+            "summary": "The part of a running video converted so far, to watch while the "
+                       "rest converts", "tags": ["jobs"],
+            "description": "A video job converts in segments of two seconds; this joins "
+                           "the first `segments` finished ones (all, if not given) with "
+                           "their audio, as the job's `partial_url` gives it. Ranges are "
+                           "served. Once the job is done: 303 to its result.",
+            "parameters": [job_id, {"name": "segments", "in": "query", "required": False,
+                                    "schema": {"type": "integer", "minimum": 1}}],
+            "responses": {"200": {"description": "An MP4", "content": {
+                "video/mp4": {"schema": {"type": "string", "format": "binary"}}}},
+                "206": {"description": "The range asked for", "content": {
+                    "video/mp4": {"schema": {"type": "string", "format": "binary"}}}},
+                "303": {"description": "The job is done: its result",
+                        "headers": {"Location": {"schema": {"type": "string"}}}},
+                "404": _ERROR, "409": _ERROR, "416": _ERROR, "503": _BUSY}},
         ("animegan.job_page", "get"): {
             "summary": "A job's page, refreshing itself until the result shows",
             "tags": ["pages"], "parameters": [job_id],
@@ -262,7 +278,13 @@ _COMPONENTS: dict[str, Any] = {
             "tiles_done": {"type": "integer", "description": "A photo's tiles converted"},
             "tiles_total": {"type": "integer"},
             "progress": {"type": "number"}, "url": {"type": "string"},
-            "result_url": {"type": ["string", "null"]}}},
+            "result_url": {"type": ["string", "null"]},
+            "segments_done": {"type": "integer",
+                              "description": "A video's segments converted and kept"},
+            "segments_total": {"type": ["integer", "null"]},
+            "partial_url": {"type": ["string", "null"], "description": (
+                "A running video's part converted so far (null before its first "
+                "segment, and once it has ended)")}}},
     },
     "headers": {
         "Retry-After": {"description": "Seconds to wait before trying again",
