@@ -256,6 +256,13 @@ class RQQueue(JobQueue):
         self.connection = redis_storage.client(uri)
         self.queue = Queue(name, connection=self.connection)
 
+    @property
+    def stopping(self) -> bool:
+        """Whether this process's worker was asked to stop (SIGTERM, a deploy): its run
+        hands the job back at its next frame, rather than holding the stop up."""
+        worker = self._worker
+        return bool(worker is not None and getattr(worker, "asked_to_stop", False))
+
     @staticmethod
     def rq_id(job_id: str, attempt: int) -> str:
         return f"{job_id}-{attempt}"
