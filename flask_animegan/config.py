@@ -417,12 +417,15 @@ class Settings:
         'Unfinished jobs (queued or running) one client may have; more get 429.',
         low=1, high=1000)
     max_frames: int = _setting(
-        600, int,
-        'Most frames one animation or video may have; more get 413.',
+        18000, int,
+        'Most frames one animation or video may have (five minutes at 60 frames a '
+        'second); more get 413.',
         low=1, high=1000000)
     max_seconds: float = _setting(
-        30.0, float,
-        'Longest duration of one animation or video, in seconds; longer gets 413.',
+        300.0, float,
+        'Longest duration of one animation or video, in seconds; longer gets 413. A video '
+        'converts in segments, in memory that does not grow with its length '
+        '(docs/benchmark.md); its frames still count against ANIMEGAN_RATE_LIMIT.',
         low=0.1, high=DAY)
     output_format: str = _setting(
         'jpeg', str,
@@ -985,11 +988,11 @@ class DecodeLimits:
 class MediaLimits:
     """What one animation or video may hold."""
 
-    max_frames: int = 600
-    max_seconds: float = 30.0
+    max_frames: int = 18000
+    max_seconds: float = 300.0
     max_fps: float = MAX_FPS
     max_pixels: int = MAX_FRAME_PIXELS  # per frame
-    max_total_pixels: int = 600 * MAX_FRAME_PIXELS  # frames times pixels a frame
+    max_total_pixels: int = 18000 * MAX_FRAME_PIXELS  # frames times pixels a frame
 
 
 @dataclass(frozen=True)

@@ -312,7 +312,7 @@ BEFORE = {
     "frames-apng": (lambda: clips.apng(n=12), MediaLimits(max_frames=10), "frames"),
     "frames-mp4": (lambda: clips.video_clip(1.2), MediaLimits(max_frames=10), "frames"),
     "frames-apng-header": (lambda: _apng_declared(clips.apng(n=3), 10**6), LIMITS, "frames"),
-    "seconds-gif": (lambda: clips.gif_from_photos(n=4, durations=10_000), LIMITS, "lasts"),
+    "seconds-gif": (lambda: clips.gif_from_photos(n=4, durations=100_000), LIMITS, "lasts"),
     "seconds-mov": (lambda: clips.video_clip(2, container="mov"), MediaLimits(max_seconds=1.5),
                     "lasts"),
     "seconds-webm": (lambda: _webm_duration(clips.video_clip(1, container="webm"), 3600),

@@ -28,7 +28,9 @@ from flask_animegan.inputs.decoding import DecodeLimits
 from flask_animegan.inputs.isolation import POOL, SLACK_BYTES, Decoder
 from flask_animegan.inputs.media import MediaLimits
 
-LIMITS, DECODE = MediaLimits(), DecodeLimits()
+#: The limits the hostile files are held to: 600 frames and 30 s, so that each needs few
+#: frames to cross one (the defaults allow five minutes).
+LIMITS, DECODE = MediaLimits(max_frames=600, max_seconds=30.0), DecodeLimits()
 SIZE = 256
 #: Seconds a hostile file may take: far above the ~1 s each takes, far below a hang.
 BOUND_S = 20.0
