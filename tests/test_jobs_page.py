@@ -244,3 +244,48 @@ def test_in_chromium_an_mp4_result_shows_its_colours(browser, tmp_path, size):  
     for got, want in zip(shown, COLOURS, strict=True):
         assert isinstance(got, list), got
         assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= 4, (shown, COLOURS)
+
+
+def job_state(url: str) -> dict:
+    import requests
+
+    return requests.get(url, headers={"Accept": "application/json"}, timeout=10).json()
+
+
+def test_the_job_page_plays_the_first_segment_before_the_job_ends(
+        server, browser, tmp_path):  # noqa: F811 - the fixture from test_browser
+    """A 12-second video: once its first two-second segment is converted, the job's page
+    plays the part converted so far (muted, as a browser lets a page start a video) while
+    the worker converts the rest; it moves on to longer parts, then shows the result."""
+    import requests
+
+    clip = video_clip(12.0, fps=12, size=(192, 128), name="coffee")
+    posted = requests.post(f"{server.url}/animegan/jobs?size=192", data=clip,
+                           headers={"Content-Type": "video/mp4",
+                                    "Accept": "application/json"}, timeout=60)
+    assert posted.status_code == 202, posted.text
+    job_url = f"{server.url}{posted.json()['url']}"
+    driver = browser()
+    driver.get(f"{server.url}{posted.json()['page_url']}")
+    # the page refreshes itself until a segment is done, then plays it
+    wait_for(lambda: driver.find_elements("id", "animegan-job-partial"),
+             what="the part converted so far")
+    playing = """
+        const video = document.getElementById('animegan-job-partial');
+        return video && !video.paused && video.readyState >= 2 && video.currentTime > 0.5
+            ? [video.currentTime, video.duration, video.videoWidth] : null;"""
+    seen = wait_for(lambda: driver.execute_script(playing), what="the part playing")
+    job = job_state(job_url)
+    print(f"playing at {seen[0]:.1f} s of a {seen[1]:.1f} s part, {seen[2]} px wide, while "
+          f"the job is {job['state']} at {job['frames_done']} of {job['frames_total']} frames")
+    assert job["state"] == "running" and job["frames_done"] < job["frames_total"], job
+    assert seen[2] == 192
+    screenshot(driver, tmp_path, "job-partial-playing.png")
+    # it plays on into longer parts, then the page shows the whole result
+    wait_for(lambda: job_state(job_url)["state"] == "done", WAIT, what="the job's end")
+    wait_for(lambda: driver.find_elements("id", "animegan-job-output"), WAIT,
+             what="the result")
+    output = driver.find_element("id", "animegan-job-output")
+    assert output.get_attribute("src").endswith("/result")
+    assert not driver.find_elements("id", "animegan-job-partial")
+    screenshot(driver, tmp_path, "job-partial-done.png")

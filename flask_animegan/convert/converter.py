@@ -456,14 +456,17 @@ class Converter:
 
     def join(self, data: bytes, info: MediaInfo, request: ConvertRequest,
              segments: Sequence[Segment], audio: AudioTrack | None = None, *,
-             audio_error: str | None = None, signed: bool = True) -> bytes:
+             audio_error: str | None = None, partial: bool = False) -> bytes:
         """The result of ``segments`` (the first ones of the upload ``data``, in order) in
-        the upload's kind, with the video's ``audio``, labelled, signed if ``signed``."""
+        the upload's kind, with the video's ``audio``, labelled and signed; ``partial``:
+        the part converted so far, its audio ending with its frames, unsigned."""
         encoders = _encoders()
         options = request.options
         label = self.label(request.style, options.colors, strength=options.strength)
-        joined = encoders.join(info, segments, audio, audio_error=audio_error, label=label)
-        return self._signed(joined, self.media_type(info), label, data) if signed else joined
+        joined: bytes = encoders.join(info, segments, audio, audio_error=audio_error,
+                                      label=label, overrun=0.0 if partial
+                                      else encoders.AUDIO_OVERRUN_S)
+        return joined if partial else self._signed(joined, self.media_type(info), label, data)
 
     @staticmethod
     def media_type(info: MediaInfo) -> str:

@@ -32,6 +32,8 @@ QUEUE_NAME = "animegan"
 FRAME_BUCKET_S = 10
 #: The window frames per second are averaged over.
 FRAME_RATE_WINDOW_S = 60
+#: Seconds a stopping RQ worker waits for its pubsub connection to close.
+UNSUBSCRIBE_WAIT = 2.0
 #: Seconds to retry after when the queue is full or Redis is unreachable.
 FULL_RETRY_AFTER = 30
 
@@ -415,6 +417,15 @@ class RQQueue(JobQueue):
             def handle_warm_shutdown_request(self) -> None:
                 self.asked_to_stop = True
                 super().handle_warm_shutdown_request()  # type: ignore[no-untyped-call]
+
+            def unsubscribe(self) -> None:
+                # RQ closes its pubsub connection while the thread listening on it may be
+                # in a read of up to 60 s, which the close can wait for: a worker that
+                # stops must not hang there, and exiting needs nothing the close does
+                closing = threading.Thread(target=super().unsubscribe, daemon=True,
+                                           name="animegan-unsubscribe")
+                closing.start()
+                closing.join(UNSUBSCRIBE_WAIT)
 
         # a client of its own: RQ raises its socket timeout above its blocking wait for
         # jobs, which the shared client's short timeouts must not get

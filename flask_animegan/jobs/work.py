@@ -402,8 +402,8 @@ class Jobs:
 
     def partial(self, record: JobRecord, segments: int) -> tuple[bytes, str] | None:
         """The first ``segments`` finished segments of a running video joined, with their
-        audio and label (unsigned: a preview, not the result), and its MIME type; None if
-        there are none or they have expired."""
+        audio up to their last frame and their label (unsigned: a preview, not the result),
+        and its MIME type; None if there are none or they have expired."""
         count = min(segments, record.segments_done)
         if record.kind != "video" or record.finished or count < 1:
             return None
@@ -418,7 +418,7 @@ class Jobs:
                                          strength=record.strength))
         track, error = audio if audio is not None else (None, None)
         data = self.converter.join(b"", info, request, parts, track, audio_error=error,
-                                   signed=False)
+                                   partial=True)
         return data, self.converter.media_type(info)
 
     def _waiting(self, record: JobRecord) -> Callable[[], None]:

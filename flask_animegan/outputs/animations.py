@@ -154,13 +154,15 @@ def writer_for(info: MediaInfo, *, quality: int,
 
 
 def join(info: MediaInfo, segments: Sequence[Segment], audio: AudioTrack | None, *,
-         audio_error: str | None = None, label: ContentLabel | None = None) -> bytes:
+         audio_error: str | None = None, label: ContentLabel | None = None,
+         overrun: float = AUDIO_OVERRUN_S) -> bytes:
     """The result of ``segments`` (in order, from the first): a video's joined into one MP4
-    with ``audio`` and ``label``; an animation's one segment is its whole result."""
+    with ``audio`` (up to ``overrun`` s past the last frame) and ``label``; an animation's
+    one segment is its whole result."""
     if not segments:
         raise ValueError("no segments to join")
     if info.kind == "video":
-        return Mp4Join(audio, audio_error=audio_error, label=label).join(segments)
+        return Mp4Join(audio, audio_error=audio_error, label=label).join(segments, overrun)
     if len(segments) != 1:
         raise ValueError(f"an animation is one segment, not {len(segments)}")
     return segments[0].data
@@ -495,9 +497,10 @@ class Mp4Join:
             log.warning("the MP4 is written without the source's audio: %s", self.audio_error)
             self._close_source()
 
-    def join(self, segments: Sequence[Segment]) -> bytes:
+    def join(self, segments: Sequence[Segment], overrun: float = AUDIO_OVERRUN_S) -> bytes:
         """The MP4 of ``segments`` in order (their frames' times kept, the audio's up to
-        the last one's end); ValueError for none or segments encoded unlike the first."""
+        ``overrun`` s past the last one's end); ValueError for none or segments encoded
+        unlike the first."""
         if not segments:
             raise ValueError("no segments to join")
         self._open_audio()
@@ -540,7 +543,7 @@ class Mp4Join:
                         out.mux(packet)
                         self._pump_audio(out, float(packet.dts * stream.time_base))
             end = segments[-1].end_s
-            self._pump_audio(out, end + AUDIO_OVERRUN_S, limit=end + AUDIO_OVERRUN_S)
+            self._pump_audio(out, end + overrun, limit=end + overrun)
             out.close()
             out = None
             file.seek(0)
