@@ -154,7 +154,8 @@ def render(result: dict[str, Any]) -> str:
              "| seconds | frames | worker RSS (MiB) |", "|---|---|---|"]
     converting = [s for s in result["samples"] if s["frames"]]
     step = max(1, len(converting) // 10)
-    for sample in converting[::step] + ([converting[-1]] if len(converting) % step else []):
+    shown = converting[::step]
+    for sample in shown + ([converting[-1]] if shown[-1] is not converting[-1] else []):
         lines.append(f"| {sample['t']:g} | {sample['frames']} | {sample['rss_mib']} |")
     return "\n".join(lines)
 
