@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.server]
 
 #: The worker timeout: a killed worker's run is handed on within it.
 TIMEOUT = 6
-SECONDS, FPS = 20.0, 12  # 240 frames, segments of 24
+SECONDS, FPS = 20.0, 6  # 120 frames, segments of 12
 KILL_AT = 0.6  # of the frames
 
 
