@@ -25,6 +25,7 @@ from typing import Any
 import av
 import numpy as np
 
+from bench.ceilings import cpu_model
 from bench.jobs import Motion, motion_frames
 from bench.servers import REPO, RedisServer, proc_status_kib
 
@@ -130,17 +131,7 @@ def measure(minutes: float, size: int, folder: Path) -> dict[str, Any]:
             "rss_max_mib": max(s["rss_mib"] for s in converting),
             "growth": round(last["rss_mib"] / after_minute["rss_mib"] - 1, 4),
             "segments": current.segments_done, "samples": samples,
-            "cpu": _cpu_name()}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+            "cpu": cpu_model()}
 
 
 def render(result: dict[str, Any]) -> str:

@@ -92,7 +92,11 @@ class Metrics:
 
     def exposition(self) -> tuple[bytes, str]:
         """The text format of every value (summed over worker processes if multiprocess)."""
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+        from prometheus_client import (
+            CONTENT_TYPE_LATEST,
+            CollectorRegistry,
+            generate_latest,
+        )
 
         registry = self.registry
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir"):

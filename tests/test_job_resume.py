@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from media import video_clip
 from test_job_segments import frames_and_audio, psnr
-from test_jobs_workers import Workers, redis_app, wait_for_state, wait_for_workers, worker_env
+from test_jobs_workers import (
+    Workers,
+    redis_app,
+    wait_for_state,
+    wait_for_workers,
+    worker_env,
+)
 
 from flask_animegan.jobs.queues import RQQueue
 from flask_animegan.jobs.records import JobState

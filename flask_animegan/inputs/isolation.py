@@ -24,7 +24,13 @@ from typing import Any
 from PIL import Image
 
 from ..config import DECODE_TIMEOUT, ISOLATIONS, Derived, Settings
-from ..errors import BadImage, ConversionError, ImageTooLarge, Overloaded, UnsupportedImage
+from ..errors import (
+    BadImage,
+    ConversionError,
+    ImageTooLarge,
+    Overloaded,
+    UnsupportedImage,
+)
 from ..gate import Gate
 from . import decoding, media
 from .decoding import DecodedUpload, DecodeLimits
