@@ -193,6 +193,11 @@ def test_the_part_converted_so_far_plays_with_its_audio(make_app):
         pictures, times, audio_end = frames_and_audio(response.data)
         assert len(pictures) == frames and times[0] == 0.0
         assert audio_end == pytest.approx(frames / 10, abs=0.05)  # it ends with its frames
+    for bad in ("0", "-1", "two", "1.5", ""):
+        refused = client.get(f"/animegan/jobs/{record.id}/partial?segments={bad}")
+        assert refused.status_code == 400 and "whole number" in refused.get_json()["error"]
+    assert client.get(f"/animegan/jobs/{record.id}/partial?segments=1&segments=2"
+                      ).status_code == 400
     ranged = client.get(job["partial_url"], headers={"Range": "bytes=0-99"})
     assert ranged.status_code == 206 and len(ranged.data) == 100
 

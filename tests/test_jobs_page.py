@@ -214,15 +214,17 @@ def test_in_chromium_an_mp4_result_shows_its_colours(browser, tmp_path, size):  
 
     from test_encoders import COLOURS
 
-    from flask_animegan.outputs.animations import Mp4Writer
+    from flask_animegan.outputs.animations import Mp4Join, Mp4Writer
+    from flask_animegan.outputs.segments import Segment
 
     need(CHROMIUM is not None and CHROMEDRIVER is not None,
          "the browser tests need Debian's chromium and chromium-driver")
-    for index, colour in enumerate(COLOURS):
-        writer = Mp4Writer(None, fps=2, quality=95)
+    for index, colour in enumerate(COLOURS):  # a segment joined, as a job's result is
+        writer = Mp4Writer(fps=2, quality=95)
         for _ in range(2):
             writer.add(Image.new("RGB", size, colour), 500, None)
-        (tmp_path / f"{index}.mp4").write_bytes(writer.finish())
+        joined = Mp4Join(None).join([Segment(0, 0, 2, 0, 0.0, 1.0, writer.finish())])
+        (tmp_path / f"{index}.mp4").write_bytes(joined)
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args: object) -> None:

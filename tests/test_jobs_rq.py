@@ -186,6 +186,7 @@ def test_a_job_stalled_twice_is_failed_by_a_workers_sweep(service, workers):
                                        size=128, kind=info.kind, format=info.format,
                                        frames_total=info.frames)
     record.state, record.attempts, record.frames_done = JobState.RUNNING, 2, 3
+    record.lost_runs = 1  # its first run was lost before it finished a segment too
     record.updated_at = time.time()  # its worker's last report: it dies now
     service.jobs.store.start(record)
     deadline = time.monotonic() + 60

@@ -198,10 +198,14 @@ def job_preview(job_id: str) -> Response:
 def job_partial(job_id: str) -> ResponseBase:
     """The part of a running video converted so far: its first ``segments`` segments (all
     finished ones if not given) joined, with their audio; 303 to the result once done."""
+    asked = request.args.getlist("segments")
+    if asked and (len(asked) > 1 or not asked[0].isdigit() or int(asked[0]) < 1):
+        abort(400, "segments must be one whole number from 1: how many of the finished "
+                   "segments to play, as partial_url gives it")
     record = _record(job_id)
     if record.state == JobState.DONE:
         return redirect(url_for(".job_result", job_id=job_id), 303)
-    wanted = request.args.get("segments", type=int) or record.segments_done
+    wanted = int(asked[0]) if asked else record.segments_done
     found = _jobs().partial(record, wanted) if wanted > 0 else None
     if found is None:
         raise JobNotReady("no part of this job is converted yet: poll its URL until it has "

@@ -237,7 +237,7 @@ def _operations() -> dict[tuple[str, str], dict[str, Any]]:
                     "video/mp4": {"schema": {"type": "string", "format": "binary"}}}},
                 "303": {"description": "The job is done: its result",
                         "headers": {"Location": {"schema": {"type": "string"}}}},
-                "404": _ERROR, "409": _ERROR, "416": _ERROR, "503": _BUSY}},
+                "400": _ERROR, "404": _ERROR, "409": _ERROR, "416": _ERROR, "503": _BUSY}},
         ("animegan.job_page", "get"): {
             "summary": "A job's page, refreshing itself until the result shows",
             "tags": ["pages"], "parameters": [job_id],
