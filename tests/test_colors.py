@@ -113,7 +113,8 @@ def test_luma_moves_the_brightness_to_the_inputs_within_its_gain(seed, size, res
         assert abs(reached - target) <= 1.5, (current, target, reached)
     else:  # as far as the gain allows, in the right direction, never past
         assert min(current, target) - 1 <= reached <= max(current, target) + 1
-        assert abs(reached - target) < abs(current - target) or current == target
+        # (a target within half a level of a flat picture's is no level away: it stays)
+        assert abs(reached - target) < abs(current - target) or abs(current - target) < 0.5
 
 
 def uniform(rgb: tuple[int, int, int], size: tuple[int, int] = (96, 64)) -> Image.Image:

@@ -150,7 +150,10 @@ def _match_brightness(result: Image.Image, source: Image.Image) -> Image.Image:
     values = np.arange(256, dtype=np.float64)
 
     def table(gain: float, shift: float) -> np.ndarray:
-        return np.clip(np.floor(values * gain + shift + 0.5), 0, 255)
+        # halves round towards the target, so a near-black result that is darkened by half
+        # (its levels of 1 at 0.5) moves at all
+        half = 0.5 if target >= current else 0.5 - 1e-9
+        return np.clip(np.floor(values * gain + shift + half), 0, 255)
 
     if current < 0.5:
         # a black result cannot be scaled: lift it, as far as MAX_GAIN lifts mid-grey
