@@ -232,3 +232,10 @@ def test_nothing_plays_before_the_first_segment_or_for_other_jobs(make_app):
     assert done.status_code == 303 and done.headers["Location"].endswith(
         f"/jobs/{video.id}/result")
     assert client.get(f"/animegan/jobs/{video.id}").get_json()["partial_url"] is None
+
+
+@pytest.mark.parametrize(("seconds", "said"), [(300, "5 minutes"), (30, "30 seconds"),
+                                               (7200, "2 hours")])
+def test_the_form_says_how_long_a_video_may_be(make_app, seconds, said):
+    page = make_app(ANIMEGAN_MAX_SECONDS=seconds).test_client().get("/animegan/")
+    assert f"videos up to {said} are converted" in " ".join(page.get_data(as_text=True).split())

@@ -291,3 +291,34 @@ def test_the_job_page_plays_the_first_segment_before_the_job_ends(
     assert output.get_attribute("src").endswith("/result")
     assert not driver.find_elements("id", "animegan-job-partial")
     screenshot(driver, tmp_path, "job-partial-done.png")
+
+
+def test_with_javascript_the_form_plays_the_part_converted_so_far(
+        server, browser, tmp_path):  # noqa: F811 - the fixture from test_browser
+    """The form's job panel (where a visitor with JavaScript stays) plays the first segment
+    while the rest converts, then puts the whole result in its place."""
+    clip = tmp_path / "coffee.mp4"
+    clip.write_bytes(video_clip(12.0, fps=8, size=(192, 128), name="coffee"))
+    driver = browser()
+    driver.get(f"{server.url}/animegan/")
+    driver.find_element("id", "animegan-image").send_keys(str(clip))
+    driver.find_element("id", "animegan-submit").click()
+    playing = """
+        const video = document.getElementById('animegan-job-partial');
+        const panel = document.getElementById('animegan-job-panel');
+        return !video.hidden && !video.paused && video.currentTime > 0.5
+            ? [panel.dataset.state, video.currentTime] : null;"""
+    state, at = wait_for(lambda: driver.execute_script(playing), WAIT,
+                         what="the part playing in the panel")
+    print(f"the panel plays the part converted so far at {at:.1f} s while the job is {state}")
+    assert state == "running"
+    driver.execute_script("arguments[0].scrollIntoView()",
+                          driver.find_element("id", "animegan-job-panel"))
+    screenshot(driver, tmp_path, "job-panel-partial.png")
+    wait_for(lambda: driver.execute_script(
+        "return document.getElementById('animegan-job-panel').dataset.state === 'done'"),
+        WAIT, what="the job's end")
+    assert driver.execute_script(
+        "return document.getElementById('animegan-job-partial').hidden")
+    assert driver.find_element("id", "animegan-job-video").get_attribute(
+        "src").endswith("/result")

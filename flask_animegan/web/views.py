@@ -282,6 +282,8 @@ def page_context(layout: str | Template | None = None, **extra: Any) -> SimpleNa
         accept=uploads.PICKER_ACCEPT,
         max_upload_bytes=settings.max_upload_bytes,
         max_upload_text=_size(settings.max_upload_bytes),
+        max_clip_text=(f"{settings.max_seconds:g} seconds" if settings.max_seconds < 90
+                       else duration(round(settings.max_seconds))),
         sample_size=settings.sample_size,
         rate_limit=settings.rate_limit,
         csrf_field=csrf.form_field(),
