@@ -322,9 +322,7 @@ class Jobs:
             return
         started = time.monotonic()
         deadline = started + self.settings.job_timeout
-        request = ConvertRequest(self.converter.engine.style(record.style), record.size, "jpeg",
-                                 Options(colors=record.colors, portrait="off",
-                                         strength=record.strength))
+        request = self._media_request(record)
         info = self.probe(data)
         if info.kind == "still":
             raise ConversionError("this is a still photo, not an animation or a video: "
@@ -413,13 +411,17 @@ class Jobs:
             return None
         info = MediaInfo(record.kind, record.format, 0, 0, record.frames_total, 0.0, None,
                          False, None)
-        request = ConvertRequest(self.converter.engine.style(record.style), record.size, "jpeg",
-                                 Options(colors=record.colors, portrait="off",
-                                         strength=record.strength))
         track, error = audio if audio is not None else (None, None)
-        data = self.converter.join(b"", info, request, parts, track, audio_error=error,
-                                   partial=True)
+        data = self.converter.join(b"", info, self._media_request(record), parts, track,
+                                   audio_error=error, partial=True)
         return data, self.converter.media_type(info)
+
+    def _media_request(self, record: JobRecord) -> ConvertRequest:
+        """What an animation's or a video's frames are converted with (its output keeps
+        the upload's kind, so the format is only the request's placeholder)."""
+        return ConvertRequest(self.converter.engine.style(record.style), record.size, "jpeg",
+                              Options(colors=record.colors, portrait="off",
+                                      strength=record.strength))
 
     def _waiting(self, record: JobRecord) -> Callable[[], None]:
         """What a job does while web conversions keep the gate (local queue): stop if the
