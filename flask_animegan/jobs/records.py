@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import StorageUnavailable
 from ..inputs.media import AudioTrack
-from ..outputs.segments import Segment
+from ..outputs.segments import Segment, pack, unpack
 from ..storage import Storage
 
 #: What a job id looks like (``secrets.token_urlsafe(24)``); anything else is no job.
@@ -233,25 +233,24 @@ class JobStore:
     def put_audio(self, job_id: str, track: AudioTrack | None, error: str | None) -> bool:
         """Keep the video's audio track as read once (or why it is left out), so that every
         run writes the same."""
-        head = json.dumps({"error": error, "track": None if track is None else {
-            "codec": track.codec, "transcoded": track.transcoded,
-            "complete": track.complete}}).encode()
-        blob = len(head).to_bytes(4, "big") + head + (track.data if track else b"")
+        head = {"error": error, "track": None if track is None else {
+            "codec": track.codec, "transcoded": track.transcoded, "complete": track.complete}}
+        blob = pack(head, track.data if track else b"")
         return self.storage.set(self._key(job_id, "audio"), blob, self.ttl)
 
     def get_audio(self, job_id: str) -> tuple[AudioTrack | None, str | None] | None:
         """The audio kept by :meth:`put_audio` (track, error); None if none is kept."""
         blob = self.storage.get(self._key(job_id, "audio"))
-        if not blob or len(blob) < 4:
+        unpacked = unpack(blob) if blob else None
+        if unpacked is None:
             return None
-        size = int.from_bytes(blob[:4], "big")
+        head, data = unpacked
         try:
-            head = json.loads(blob[4:4 + size])
             track = head["track"]
             return (None if track is None else AudioTrack(
-                blob[4 + size:], str(track["codec"]), bool(track["transcoded"]),
+                data, str(track["codec"]), bool(track["transcoded"]),
                 bool(track["complete"])), head["error"])
-        except (ValueError, TypeError, KeyError):
+        except (TypeError, KeyError):
             return None
 
     def drop_parts(self, job_id: str, segments: int) -> None:

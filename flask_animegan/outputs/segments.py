@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..inputs.media import MediaInfo
 
@@ -48,15 +49,32 @@ class Segment:
         """The segment as kept in the job's storage: a JSON head, then ``data``."""
         head = asdict(self)
         del head["data"], head["preview"]
-        encoded = json.dumps(head, separators=(",", ":")).encode()
-        return _HEADER.pack(len(encoded)) + encoded + self.data
+        return pack(head, self.data)
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> Segment | None:
         """The segment in ``blob``; None for something that is none."""
-        try:
-            (size,) = _HEADER.unpack_from(blob)
-            head = json.loads(blob[_HEADER.size:_HEADER.size + size])
-            return cls(**head, data=blob[_HEADER.size + size:])
-        except (struct.error, ValueError, TypeError):
+        unpacked = unpack(blob)
+        if unpacked is None:
             return None
+        try:
+            return cls(**unpacked[0], data=unpacked[1])
+        except TypeError:
+            return None
+
+
+def pack(head: dict[str, Any], data: bytes) -> bytes:
+    """``head`` as JSON behind its length, then ``data``: how a job keeps a part of itself
+    (a segment, its audio) with what describes it in one value."""
+    encoded = json.dumps(head, separators=(",", ":")).encode()
+    return _HEADER.pack(len(encoded)) + encoded + data
+
+
+def unpack(blob: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """The head and the data :func:`pack` made; None for anything else."""
+    try:
+        (size,) = _HEADER.unpack_from(blob)
+        head = json.loads(blob[_HEADER.size:_HEADER.size + size])
+    except (struct.error, ValueError):
+        return None
+    return (head, blob[_HEADER.size + size:]) if isinstance(head, dict) else None
